@@ -1,0 +1,137 @@
+"""The ``fedcluster`` command line: run, list, report."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tomllib
+from pathlib import Path
+
+from .config import ConfigError, default_run_config, merge_overrides, parse_assignment
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedcluster", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one experiment and wait for it")
+    run.add_argument("--strategy", help="algorithm (see `fedcluster list`)")
+    run.add_argument("--scenario", help="data and drift scenario (see `fedcluster list`)")
+    run.add_argument("--out", help="results directory (run-config key out-dir)")
+    run.add_argument("--seed", type=int)
+    run.add_argument("--engine", choices=("inprocess", "ray"), default="inprocess",
+                     help="inprocess: this process, no Ray (fast); ray: `flwr run` simulation")
+    run.add_argument("--federation", default="cpu",
+                     help="simulation profile from pyproject-flwr.toml (with --engine ray)")
+    run.add_argument("--run-config", type=Path, help="TOML preset of run-config keys")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="any run-config key, repeatable (e.g. --set rounds-per-step=10)")
+    run.add_argument("--resume", type=Path, metavar="DIR",
+                     help="continue the run whose checkpoint is in DIR")
+
+    lst = sub.add_parser("list", help="strategies, scenarios, federations and run-config keys")
+    lst.add_argument("what", nargs="?", default="all",
+                     choices=("all", "strategies", "scenarios", "federations", "config"))
+
+    rep = sub.add_parser("report", help="compare finished runs: a table and a plot")
+    rep.add_argument("dirs", nargs="+", type=Path)
+    rep.add_argument("--plot", type=Path, help="where to write the comparison plot")
+    return p
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    values: dict = {}
+    if args.run_config:
+        with args.run_config.open("rb") as fh:
+            values.update(tomllib.load(fh))
+    for item in args.set:
+        key, value = parse_assignment(item)
+        values[key] = value
+    for key, value in (("strategy", args.strategy), ("scenario", args.scenario),
+                       ("out-dir", args.out), ("seed", args.seed)):
+        if value is not None:
+            values[key] = str(value) if key == "out-dir" else value
+    if args.resume:
+        values["resume-from"] = str(args.resume.resolve())
+        values.setdefault("out-dir", str(args.resume.resolve()))
+    if "out-dir" in values:
+        values["out-dir"] = str(Path(str(values["out-dir"])).expanduser().resolve())
+    return values
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .experiment import load_experiment
+    from .server_app import resolve_out_dir
+    from .strategies import strategy_class
+
+    run_config = merge_overrides(default_run_config(), _overrides(args))
+    exp = load_experiment(run_config)          # bad config fails here, before anything starts
+    strategy_class(exp.cfg.strategy)
+    run_config["out-dir"] = str(resolve_out_dir(run_config))
+    if args.engine == "inprocess":
+        from .engine import run_inprocess
+
+        summary = run_inprocess(run_config)
+    else:
+        from .ray_engine import run_with_flwr
+        from .results import load_run
+
+        run_with_flwr(run_config, exp.scenario.num_clients, federation=args.federation)
+        summary, _ = load_run(run_config["out-dir"])
+    print(f"{summary['strategy']} on {summary['scenario']} (seed {summary['seed']}): "
+          f"mean accuracy {summary['mean_accuracy']:.4f}, final {summary['final_accuracy']:.4f}, "
+          f"ARI {summary.get('ari_final')}, {summary['wall_time_s']:.1f} s -> {run_config['out-dir']}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .datasets import list_scenarios
+    from .ray_engine import load_profiles
+    from .strategies import list_strategies
+
+    sections = []
+    if args.what in ("all", "strategies"):
+        sections.append(("strategies (run-config key `strategy`)", list_strategies()))
+    if args.what in ("all", "scenarios"):
+        sections.append(("scenarios (run-config key `scenario`)", list_scenarios()))
+    if args.what in ("all", "federations"):
+        rows = [(f"{name} ({kind})", str(cfg.get("description", "")))
+                for kind, profiles in load_profiles().items() for name, cfg in profiles.items()]
+        sections.append(("federations (fedcluster run --federation)", rows))
+    if args.what in ("all", "config"):
+        sections.append(("run-config keys and defaults",
+                         [(k, repr(v)) for k, v in default_run_config().items()]))
+    for title, rows in sections:
+        print(f"{title}:")
+        width = max(len(name) for name, _ in rows)
+        for name, text in rows:
+            print(f"  {name:<{width}}  {text}")
+        print()
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .results import compare_runs
+
+    print(compare_runs(args.dirs, out_path=args.plot))
+    if args.plot:
+        print(f"\nplot: {args.plot}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.getLogger("flwr").setLevel(logging.INFO)
+    try:
+        return {"run": cmd_run, "list": cmd_list, "report": cmd_report}[args.command](args)
+    except (ConfigError, ValueError, FileNotFoundError) as ex:
+        print(f"fedcluster: error: {ex}", file=sys.stderr)
+        return 2
+    except Exception as ex:  # a failed run: say so and exit non-zero
+        print(f"fedcluster: run failed: {type(ex).__name__}: {ex}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Runs an experiment through ``flwr run`` on Ray, waits for it and reports whether it failed.
+
+``flwr run`` exits 0 even when the run fails and leaves the local SuperLink running, so this
+module starts its own SuperLink (simulation mode, runtime dependency installation off, private
+FLWR_HOME and ports), submits the app with the federation profile applied, streams the run's log,
+asks the SuperLink for the final status and stops the SuperLink's whole process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+from .config import ConfigValue
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+FLWR_PROFILES_FILE = "pyproject-flwr.toml"
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def project_file(name: str) -> Path:
+    """A file at the project root (checkout) or its copy inside the installed package."""
+    for path in (PACKAGE_DIR.parent / name, PACKAGE_DIR / f"_{name.replace('-', '_')}"):
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{name} not found next to {PACKAGE_DIR}")
+
+
+def load_profiles() -> dict[str, dict[str, dict]]:
+    with project_file(FLWR_PROFILES_FILE).open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def profile(name: str) -> tuple[str, dict]:
+    """(kind, settings) of a federation profile; kind is 'simulation' or 'deployment'."""
+    profiles = load_profiles()
+    for kind in ("simulation", "deployment"):
+        if name in profiles.get(kind, {}):
+            return kind, dict(profiles[kind][name])
+    valid = [n for kind in ("simulation", "deployment") for n in profiles.get(kind, {})]
+    raise ValueError(f"unknown federation {name!r}; valid: {', '.join(valid)}")
+
+
+def stage_app(dest: Path) -> Path:
+    """Copy the app (package + pyproject.toml) into ``dest``: only what the FAB needs."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(project_file("pyproject.toml"), dest / "pyproject.toml")
+    shutil.copytree(PACKAGE_DIR, dest / PACKAGE_DIR.name,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _toml_value(value: ConfigValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def write_run_config(values: dict[str, ConfigValue], path: Path) -> Path:
+    path.write_text("".join(f'"{k}" = {_toml_value(v)}\n' for k, v in values.items()))
+    return path
+
+
+def flwr_env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        FLWR_HOME=str(home / "flwr"),
+        RAY_TMPDIR=str(home / "ray"),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+    )
+    return env
+
+
+def _bin(name: str) -> str:
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else name
+
+
+class LocalSimulationSuperLink:
+    """A private simulation SuperLink; a context manager that always stops it."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.port = _free_port()
+        self.env = flwr_env(home)
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "LocalSimulationSuperLink":
+        (self.home / "flwr").mkdir(parents=True, exist_ok=True)
+        (self.home / "ray").mkdir(parents=True, exist_ok=True)
+        log_file = open(self.home / "superlink.log", "w")  # noqa: SIM115 (closed in __exit__)
+        self._log = log_file
+        self.proc = subprocess.Popen(
+            [_bin("flower-superlink"), "--insecure", "--simulation",
+             "--disable-runtime-dependency-installation",
+             "--host", "127.0.0.1", "--port", str(self.port),
+             "--control-api-address", f"127.0.0.1:{_free_port()}",
+             "--database", str(self.home / "state.db")],
+            env=self.env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self._wait_ready()
+        (self.home / "flwr" / "config.toml").write_text(
+            '[superlink]\ndefault = "fedcluster"\n\n'
+            f'[superlink.fedcluster]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        return self
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RunFailed(f"flower-superlink exited with {self.proc.returncode}; "
+                                f"see {self.home / 'superlink.log'}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise RunFailed(f"flower-superlink did not start within {timeout:.0f} s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self._log.close()
+
+
+def run_status(env: dict[str, str], connection: str = "fedcluster") -> tuple[str, str]:
+    """(status, details) of the most recent run on the connection."""
+    out = subprocess.run([_bin("flwr"), "ls", connection, "--format", "json"], env=env,
+                         capture_output=True, text=True, check=False)
+    try:
+        runs = json.loads(out.stdout).get("runs", [])
+    except json.JSONDecodeError:
+        return "unknown", out.stdout + out.stderr
+    if not runs:
+        return "unknown", "no run found"
+    last = max(runs, key=lambda r: r.get("created-at", ""))
+    return str(last.get("status", "unknown")), str(last.get("status-details", ""))
+
+
+def run_with_flwr(
+    run_config: dict[str, ConfigValue],
+    num_supernodes: int,
+    federation: str = "cpu",
+    workdir: Path | None = None,
+) -> None:
+    """Run on Ray via ``flwr run``; raises RunFailed unless the run completed."""
+    kind, settings = profile(federation)
+    if kind != "simulation":
+        raise ValueError(f"federation {federation!r} is a deployment; use --engine deployment")
+    n = int(settings.get("num-supernodes", 0)) or num_supernodes
+    fed_config = (f"num-supernodes={n} "
+                  f"client-resources-num-cpus={int(settings.get('client-resources-num-cpus', 1))} "
+                  f"client-resources-num-gpus={float(settings.get('client-resources-num-gpus', 0.0))}")
+    # Ray's socket paths must stay short, so the private home lives in /tmp
+    home = Path(tempfile.mkdtemp(prefix="fc-", dir=workdir))
+    try:
+        app_dir = stage_app(home / "app")
+        rc_file = write_run_config(run_config, home / "run-config.toml")
+        with LocalSimulationSuperLink(home) as link:
+            cmd = [_bin("flwr"), "run", str(app_dir), "fedcluster", "--stream",
+                   "--run-config", str(rc_file), "--federation-config", fed_config]
+            proc = subprocess.run(cmd, env=link.env, check=False)
+            status, details = run_status(link.env)
+        if proc.returncode != 0 or not status.startswith("finished:completed"):
+            raise RunFailed(f"flwr run ended with status {status!r} (exit code {proc.returncode}): "
+                            f"{details}")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

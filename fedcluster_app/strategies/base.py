@@ -1,0 +1,525 @@
+"""The clustered strategy base: many models, clients moving between them, one round loop.
+
+``flwr.serverapp.strategy.Strategy.start`` carries one global model, so this base overrides the
+round loop. It keeps
+
+* a registry of cluster models (ids increase and are never reused; models can be created,
+  merged and deleted while the run goes on),
+* one ``ClientRecord`` per *logical* client id (hard cluster or soft weights, data size, last
+  round seen, failures), never keyed on Flower node ids, which change between runs,
+* per-node messages: a message may carry several models (clients training several models in one
+  round, soft clustering) or none (a personal model that stays in the client's context.state),
+* query phases that reach every client, sampled or not (``self.query``),
+
+and it validates every reply (wrong shapes or non-finite values are rejected and counted, the
+round goes on), evaluates every client on its own cluster's model, writes the results contract
+and checkpoints its whole state atomically.
+
+Subclasses override a few hooks: ``on_start``, ``before_round``, ``plan_train``,
+``on_train_replies``, ``eval_task`` and ``strategy_state``/``load_strategy_state``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from logging import ERROR, INFO, WARNING
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from .. import protocol as P
+from ..experiment import Experiment
+from ..models import initial_weights, weight_shapes
+from ..results import RunRecorder, format_round_line
+
+Weights = list[np.ndarray]
+CHECKPOINT_FILE = "checkpoint.npz"
+
+
+@dataclass
+class ClientRecord:
+    cid: int
+    node_id: int | None = None
+    cluster: int | None = None               # hard assignment: a model id
+    soft: dict[int, float] | None = None     # soft assignment: model id -> weight
+    num_examples: int = 0
+    last_round: int = 0                      # last round this client answered
+    failures: int = 0
+
+
+@dataclass
+class Task:
+    """What one client is asked to do in one message."""
+
+    models: list[int] = field(default_factory=list)   # ids of the models sent
+    train_ids: list[int] | None = None                 # which of them to train (None: all)
+    config: dict[str, Any] = field(default_factory=dict)
+    personal: bool = False                             # use the model kept on the client
+
+
+@dataclass
+class Reply:
+    """A validated client reply."""
+
+    cid: int
+    metrics: dict[str, Any]
+    models: dict[int, Weights] = field(default_factory=dict)
+    model_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.metrics.get(P.NUM_EXAMPLES, 0))
+
+
+class RejectedReply(ValueError):
+    """A client reply that cannot be used; the message says why."""
+
+
+def weighted_average(items: list[tuple[Weights, float]]) -> Weights:
+    total = float(sum(w for _, w in items))
+    if total <= 0:
+        raise ValueError("weighted average needs a positive total weight")
+    out = [np.zeros(a.shape, dtype=np.float64) for a in items[0][0]]
+    for arrays, w in items:
+        for acc, a in zip(out, arrays):
+            acc += a * (w / total)
+    return [a.astype(np.float32) for a in out]
+
+
+class ClusteredStrategy(Strategy):
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    uses_ground_truth: ClassVar[bool] = False   # only the Oracle may read clients' true concepts
+
+    def __init__(self, experiment: Experiment) -> None:
+        self.exp = experiment
+        self.cfg = experiment.cfg
+        self.rng = np.random.default_rng([self.cfg.seed, 0xC1])
+        self.models: dict[int, Weights] = {}
+        self.model_birth: dict[int, int] = {}        # model id -> round it was created
+        self.next_model_id = 0
+        self.clients: dict[int, ClientRecord] = {}
+        self.round = 0
+        self._node_to_cid: dict[int, int] = {}
+        self._truth: dict[int, dict[int, int]] = {}  # cid -> step -> concept (metrics, Oracle)
+        self._round_stats = self._fresh_stats()
+        self._shapes = weight_shapes(experiment.spec)
+
+    # ------------------------------------------------------------------ model registry
+    def new_model(self, weights: Weights | None = None) -> int:
+        """Register a model; without weights it gets the run's common seeded initialisation."""
+        mid = self.next_model_id
+        self.next_model_id += 1
+        self.models[mid] = weights if weights is not None else self.initial_weights()
+        self.model_birth[mid] = self.round
+        return mid
+
+    def initial_weights(self, salt: int = 0) -> Weights:
+        return initial_weights(self.exp.spec, seed=self.cfg.seed * 1000 + salt)
+
+    def delete_model(self, mid: int) -> None:
+        del self.models[mid]
+        self.model_birth.pop(mid, None)
+        for rec in self.clients.values():
+            if rec.cluster == mid:
+                rec.cluster = None
+            if rec.soft and mid in rec.soft:
+                rec.soft.pop(mid)
+
+    def merge_models(self, ids: list[int], weights: list[float]) -> int:
+        """Replace models ``ids`` by their weighted average; their clients move to the new one."""
+        merged = self.new_model(weighted_average([(self.models[i], w) for i, w in zip(ids, weights)]))
+        for rec in self.clients.values():
+            if rec.cluster in ids:
+                rec.cluster = merged
+        for i in ids:
+            self.delete_model(i)
+        return merged
+
+    def assign(self, cid: int, mid: int | None) -> None:
+        self.clients[cid].cluster = mid
+
+    def members(self, mid: int) -> list[int]:
+        return sorted(c for c, rec in self.clients.items() if rec.cluster == mid)
+
+    def clusters_in_use(self) -> list[int]:
+        return sorted({rec.cluster for rec in self.clients.values() if rec.cluster is not None})
+
+    def num_clusters(self) -> int:
+        return len(self.clusters_in_use())
+
+    def true_concept(self, cid: int, step: int) -> int | None:
+        if not self.uses_ground_truth:
+            raise PermissionError(f"{self.name} may not read ground-truth concepts")
+        return self._truth.get(cid, {}).get(step)
+
+    # ------------------------------------------------------------------ hooks
+    def on_start(self) -> None:
+        """After the clients are known (not called on resume). Default: one model for all."""
+        mid = self.new_model()
+        for cid in self.clients:
+            self.assign(cid, mid)
+
+    def on_new_client(self, cid: int) -> None:
+        """A client seen for the first time after the start. Default: the largest cluster."""
+        sizes = {mid: len(self.members(mid)) for mid in self.clusters_in_use()}
+        if sizes:
+            self.assign(cid, max(sizes, key=lambda m: (sizes[m], -m)))
+
+    def before_round(self, grid: Grid, step: int, new_step: bool) -> None:
+        """Runs before training; query phases and re-clustering go here."""
+
+    def plan_train(self, step: int) -> dict[int, Task]:
+        """Default: sample ``fraction-train`` of every cluster's members; each trains its model."""
+        plan = {}
+        for mid in self.clusters_in_use():
+            for cid in self.sample(self.members(mid), self.cfg.fraction_train):
+                plan[cid] = Task(models=[mid])
+        return plan
+
+    def on_train_replies(self, step: int, replies: list[Reply]) -> None:
+        """Default: every returned model is FedAvg-ed into its registry entry (by num-examples)."""
+        for mid, items in self.collect_updates(replies).items():
+            self.models[mid] = weighted_average(items)
+
+    def eval_task(self, cid: int) -> Task | None:
+        rec = self.clients[cid]
+        if rec.soft:
+            ids = sorted(m for m, w in rec.soft.items() if w > 0 and m in self.models)
+            return Task(models=ids, config={P.MIXTURE: [float(rec.soft[m]) for m in ids]})
+        if rec.cluster is None or rec.cluster not in self.models:
+            return None
+        return Task(models=[rec.cluster])
+
+    def cluster_label(self, cid: int) -> int | None:
+        """The cluster a client counts in for the adjusted Rand index."""
+        rec = self.clients[cid]
+        if rec.soft:
+            return max(rec.soft, key=lambda m: (rec.soft[m], -m))
+        return rec.cluster
+
+    def round_metrics(self) -> dict[str, Any]:
+        """Strategy-specific keys added to this round's metrics.jsonl line."""
+        return {}
+
+    def strategy_state(self) -> dict[str, Any]:
+        """Extra JSON-able state a subclass must checkpoint."""
+        return {}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    # ------------------------------------------------------------------ helpers for hooks
+    def sample(self, cids: list[int], fraction: float) -> list[int]:
+        if fraction >= 1.0 or not cids:
+            return list(cids)
+        k = max(1, math.ceil(fraction * len(cids)))
+        return sorted(int(c) for c in self.rng.choice(cids, size=k, replace=False))
+
+    def collect_updates(self, replies: list[Reply]) -> dict[int, list[tuple[Weights, float]]]:
+        updates: dict[int, list[tuple[Weights, float]]] = {}
+        for r in replies:
+            for mid, weights in r.models.items():
+                n = r.model_metrics.get(mid, {}).get(P.NUM_EXAMPLES, r.num_examples)
+                updates.setdefault(mid, []).append((weights, float(n)))
+        return updates
+
+    def query(
+        self,
+        grid: Grid,
+        kind: str,
+        cids: Iterable[int] | None = None,
+        models: list[int] | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> dict[int, Reply]:
+        """Send a query.* message to clients (default: every known client), sampled or not."""
+        targets = sorted(self.clients) if cids is None else sorted(cids)
+        tasks = {cid: Task(models=list(models or []), config=dict(config or {})) for cid in targets}
+        return {r.cid: r for r in self.exchange(grid, kind, tasks)}
+
+    # ------------------------------------------------------------------ messaging
+    def exchange(self, grid: Grid, kind: str, tasks: dict[int, Task]) -> list[Reply]:
+        """Send one message per task, wait, validate; failures are logged and counted."""
+        messages, sent = [], {}
+        for cid, task in sorted(tasks.items()):
+            node = self.clients[cid].node_id
+            if node is None:
+                continue
+            config = {P.ROUND: self.round, P.STEP: self.exp.time_step(max(self.round, 1)), **task.config}
+            if task.train_ids is not None:
+                config[P.TRAIN_IDS] = list(task.train_ids)
+            if task.personal:
+                config[P.PERSONAL] = True
+            content = P.build_content({m: self.models[m] for m in task.models}, config)
+            self._round_stats["bytes_down"] += P.nbytes(content)
+            messages.append(
+                Message(content=content, dst_node_id=node, message_type=kind, group_id=str(self.round))
+            )
+            sent[node] = (cid, task)
+        replies = list(grid.send_and_receive(messages, timeout=self.cfg.round_timeout)) if messages else []
+        out, answered = [], set()
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            cid, task = sent.get(node, (None, None))
+            if cid is None:
+                continue
+            answered.add(node)
+            try:
+                reply = self._validate(msg, cid, task)
+            except RejectedReply as ex:
+                self._fail(cid, f"{kind} reply rejected: {ex}")
+                continue
+            self._round_stats["bytes_up"] += P.nbytes(msg.content)
+            self.clients[cid].last_round = self.round
+            out.append(reply)
+        for node, (cid, _) in sent.items():
+            if node not in answered:
+                self._fail(cid, f"no {kind} reply within {self.cfg.round_timeout:.0f} s")
+        return sorted(out, key=lambda r: r.cid)  # order fixed: aggregation sums are reproducible
+
+    def _fail(self, cid: int, reason: str) -> None:
+        self.clients[cid].failures += 1
+        self._round_stats["failures"] += 1
+        log(WARNING, "round %d: client %d: %s", self.round, cid, reason)
+
+    def _validate(self, msg: Message, cid: int, task: Task) -> Reply:
+        if msg.has_error():
+            raise RejectedReply(f"client error: {msg.error.reason}")
+        content = msg.content
+        if P.METRICS not in content.metric_records:
+            raise RejectedReply("no metrics record")
+        metrics = dict(content.metric_records[P.METRICS])
+        if int(metrics.get(P.CLIENT_ID, -1)) != cid:
+            raise RejectedReply(f"reply claims client id {metrics.get(P.CLIENT_ID)!r}")
+        for key, value in metrics.items():
+            values = value if isinstance(value, list) else [value]
+            if not all(math.isfinite(v) for v in values):
+                raise RejectedReply(f"metric {key!r} is not finite: {value!r}")
+        if metrics.get(P.NUM_EXAMPLES, 0) < 0:
+            raise RejectedReply(f"negative num-examples {metrics[P.NUM_EXAMPLES]}")
+        models = P.unpack_models(content)
+        allowed = set(task.models if task.train_ids is None else task.train_ids)
+        for mid, arrays in models.items():
+            if mid not in allowed:
+                raise RejectedReply(f"returned model {mid}, which it was not asked to train")
+            shapes = tuple(tuple(a.shape) for a in arrays)
+            if shapes != self._shapes:
+                raise RejectedReply(f"model {mid} has shapes {shapes}, expected {self._shapes}")
+            if not all(np.isfinite(a).all() for a in arrays):
+                raise RejectedReply(f"model {mid} contains non-finite values")
+        model_metrics = {
+            mid: dict(content.metric_records[P.model_metrics_key(mid)])
+            for mid in models
+            if P.model_metrics_key(mid) in content.metric_records
+        }
+        if P.CONCEPT in metrics and P.STEP in metrics:
+            self._truth.setdefault(cid, {})[int(metrics[P.STEP])] = int(metrics[P.CONCEPT])
+        if not self.uses_ground_truth:
+            metrics.pop(P.CONCEPT, None)
+        return Reply(cid, metrics, models, model_metrics)
+
+    # ------------------------------------------------------------------ clients
+    def discover(self, grid: Grid) -> list[int]:
+        """Ask nodes we have not seen for their logical id; returns newly known client ids."""
+        unknown = [n for n in grid.get_node_ids() if n not in self._node_to_cid]
+        if not unknown:
+            return []
+        step = self.exp.time_step(max(self.round, 1))
+        messages = [
+            Message(content=P.build_content(config={P.ROUND: self.round, P.STEP: step}),
+                    dst_node_id=n, message_type=P.QUERY_INFO, group_id="discover")
+            for n in unknown
+        ]
+        new = []
+        for msg in grid.send_and_receive(messages, timeout=self.cfg.round_timeout):
+            node = msg.metadata.src_node_id
+            if msg.has_error() or P.METRICS not in msg.content.metric_records:
+                reason = msg.error.reason if msg.has_error() else "no metrics"
+                log(ERROR, "node %d could not identify itself: %s", node, reason)
+                continue
+            cid = int(msg.content.metric_records[P.METRICS][P.CLIENT_ID])
+            rec = self.clients.get(cid)
+            if rec is not None and rec.node_id is not None and rec.node_id in grid.get_node_ids() and rec.node_id != node:
+                log(ERROR, "node %d claims client id %d, already held by node %d: refused", node, cid, rec.node_id)
+                continue
+            self._node_to_cid[node] = cid
+            if rec is None:
+                rec = self.clients[cid] = ClientRecord(cid)
+                new.append(cid)
+            rec.node_id = node
+            rec.num_examples = int(msg.content.metric_records[P.METRICS].get(P.NUM_EXAMPLES, 0))
+        return sorted(new)
+
+    def wait_for_nodes(self, grid: Grid) -> None:
+        wanted = self.cfg.min_nodes or self.exp.scenario.num_clients
+        deadline = time.monotonic() + self.cfg.node_wait_s
+        while len(list(grid.get_node_ids())) < wanted and time.monotonic() < deadline:
+            time.sleep(0.2)
+        found = len(list(grid.get_node_ids()))
+        if found < wanted:
+            log(WARNING, "only %d of %d nodes connected after %.0f s; starting with them "
+                "(in simulation set num-supernodes=%d; `fedcluster run` does this for you)",
+                found, wanted, self.cfg.node_wait_s, wanted)
+
+    # ------------------------------------------------------------------ Flower Strategy API
+    def configure_train(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        raise NotImplementedError("clustered strategies run their own loop: call start()")
+
+    def aggregate_train(self, server_round, replies):
+        raise NotImplementedError("clustered strategies run their own loop: call start()")
+
+    def configure_evaluate(self, server_round, arrays, config, grid) -> Iterable[Message]:
+        raise NotImplementedError("clustered strategies run their own loop: call start()")
+
+    def aggregate_evaluate(self, server_round, replies) -> MetricRecord | None:
+        raise NotImplementedError("clustered strategies run their own loop: call start()")
+
+    def summary(self) -> None:
+        log(INFO, "%s (%s) on %s: %d clients, %d steps x %d rounds", self.name, self.description,
+            self.exp.scenario.name, self.exp.scenario.num_clients, self.exp.scenario.num_steps,
+            self.cfg.rounds_per_step)
+
+    # ------------------------------------------------------------------ the round loop
+    def start(self, grid: Grid, recorder: RunRecorder, checkpoint_dir: Path | None = None) -> dict:
+        """Run every remaining round; returns the summary written to summary.json."""
+        self.summary()
+        t0 = time.monotonic()
+        total = self.exp.num_rounds
+        resumed = self.round > 0
+        self.wait_for_nodes(grid)
+        self.discover(grid)
+        if not resumed:
+            self.on_start()
+        for rnd in range(self.round + 1, total + 1):
+            self.round = rnd
+            self._round_stats = self._fresh_stats()
+            t_round = time.monotonic()
+            step = self.exp.time_step(rnd)
+            new_step = rnd == 1 or self.exp.time_step(rnd - 1) != step
+            if new_step:
+                for cid in self.discover(grid):
+                    self.on_new_client(cid)
+            self.before_round(grid, step, new_step)
+            plan = {cid: t for cid, t in self.plan_train(step).items() if cid in self.clients}
+            replies = self.exchange(grid, P.TRAIN, plan)
+            self.on_train_replies(step, replies)
+            record: dict[str, Any] = {"round": rnd, "time_step": step}
+            if rnd % self.cfg.eval_every == 0 or rnd == total:
+                record.update(self.evaluate_clients(grid, step))
+            else:
+                record.update(accuracy=None)
+            record.update(
+                num_clusters=self.num_clusters(),
+                trained_clients=len(replies),
+                round_time_s=round(time.monotonic() - t_round, 4),
+                **self._round_stats,
+                **self.round_metrics(),
+            )
+            recorder.log_round(record)
+            if self.cfg.progress:
+                log(INFO, "%s", format_round_line(record, total))
+            if checkpoint_dir and self.cfg.checkpoint_every and rnd % self.cfg.checkpoint_every == 0:
+                self.save_checkpoint(checkpoint_dir / CHECKPOINT_FILE)
+        if checkpoint_dir:
+            self.save_checkpoint(checkpoint_dir / CHECKPOINT_FILE)
+        return {"wall_time_s": time.monotonic() - t0}
+
+    def evaluate_clients(self, grid: Grid, step: int) -> dict[str, Any]:
+        tasks = {}
+        for cid in self.sample(sorted(self.clients), self.cfg.fraction_evaluate):
+            task = self.eval_task(cid)
+            if task is not None:
+                tasks[cid] = task
+        replies = self.exchange(grid, P.EVALUATE, tasks)
+        accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
+        out: dict[str, Any] = {
+            "accuracy": float(np.mean(list(accs.values()))) if accs else None,
+            "evaluated_clients": len(accs),
+        }
+        if len(accs) <= 200:
+            out["client_accuracy"] = {str(c): round(a, 5) for c, a in accs.items()}
+        truth = {c: self._truth.get(c, {}).get(step) for c in accs}
+        truth = {c: k for c, k in truth.items() if k is not None}
+        if truth:
+            from sklearn.metrics import adjusted_rand_score
+
+            labels = {c: self.cluster_label(c) for c in truth}
+            pairs = [(truth[c], -1 if labels[c] is None else labels[c]) for c in truth]
+            out["ari"] = float(adjusted_rand_score([p[0] for p in pairs], [p[1] for p in pairs]))
+            before = {c: self._truth.get(c, {}).get(step - 1) for c in truth}
+            out["drifted_clients"] = sum(
+                1 for c in truth if before[c] is not None and before[c] != truth[c]
+            )
+        return out
+
+    @staticmethod
+    def _fresh_stats() -> dict[str, int]:
+        return {"bytes_up": 0, "bytes_down": 0, "failures": 0}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        meta = {
+            "strategy": self.name,
+            "round": self.round,
+            "next_model_id": self.next_model_id,
+            "model_birth": {str(k): v for k, v in self.model_birth.items()},
+            "model_ids": sorted(self.models),
+            "clients": [asdict(r) | {"soft": _keys_to_str(r.soft)} for r in self.clients.values()],
+            "truth": {str(c): {str(s): k for s, k in d.items()} for c, d in self._truth.items()},
+            "rng": self.rng.bit_generator.state,
+            "strategy_state": self.strategy_state(),
+        }
+        arrays = {f"model{mid}_{i}": a for mid, ws in self.models.items() for i, a in enumerate(ws)}
+        return meta, arrays
+
+    def load_state_dict(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        if meta["strategy"] != self.name:
+            raise ValueError(f"checkpoint is of strategy {meta['strategy']!r}, not {self.name!r}")
+        self.round = int(meta["round"])
+        self.next_model_id = int(meta["next_model_id"])
+        self.model_birth = {int(k): int(v) for k, v in meta["model_birth"].items()}
+        n = len(self._shapes)
+        self.models = {mid: [arrays[f"model{mid}_{i}"] for i in range(n)] for mid in meta["model_ids"]}
+        self.clients = {}
+        for r in meta["clients"]:
+            soft = {int(k): float(v) for k, v in r["soft"].items()} if r["soft"] else None
+            self.clients[int(r["cid"])] = ClientRecord(**{**r, "soft": soft, "node_id": None})
+        self._truth = {int(c): {int(s): int(k) for s, k in d.items()} for c, d in meta["truth"].items()}
+        self.rng.bit_generator.state = meta["rng"]
+        self.load_strategy_state(meta["strategy_state"])
+
+    def save_checkpoint(self, path: Path) -> None:
+        """Atomic: written to a temporary file, then renamed over the old checkpoint."""
+        meta, arrays = self.state_dict()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def load_checkpoint(self, path: Path) -> None:
+        path = Path(path)
+        if path.is_dir():
+            path = path / CHECKPOINT_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"no checkpoint at {path}")
+        with np.load(path) as data:
+            meta = json.loads(bytes(data["__meta__"]).decode())
+            arrays = {k: data[k] for k in data.files if k != "__meta__"}
+        self.load_state_dict(meta, arrays)
+
+
+def _keys_to_str(d: dict[int, float] | None) -> dict[str, float] | None:
+    return None if d is None else {str(k): v for k, v in d.items()}

@@ -1,0 +1,35 @@
+"""Run-config names -> strategy classes."""
+
+from __future__ import annotations
+
+from ..experiment import Experiment
+from .base import ClusteredStrategy
+from .fedavg import FedAvg, FedProx
+from .ifca import IFCA
+from .local import Local
+from .oracle import Oracle
+
+STRATEGIES: dict[str, type[ClusteredStrategy]] = {
+    cls.name: cls for cls in (FedAvg, FedProx, IFCA, Oracle, Local)
+}
+
+
+class UnknownStrategy(ValueError):
+    pass
+
+
+def strategy_class(name: str) -> type[ClusteredStrategy]:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise UnknownStrategy(
+            f"unknown strategy {name!r}; valid strategies: {', '.join(sorted(STRATEGIES))}"
+        ) from None
+
+
+def build_strategy(experiment: Experiment) -> ClusteredStrategy:
+    return strategy_class(experiment.cfg.strategy)(experiment)
+
+
+def list_strategies() -> list[tuple[str, str]]:
+    return sorted((name, cls.description) for name, cls in STRATEGIES.items())

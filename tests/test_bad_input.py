@@ -1,0 +1,94 @@
+"""Bad input fails early with a clear message; bad clients lose nothing but themselves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord
+
+from fedcluster_app import protocol as P
+from fedcluster_app.client_app import app as client_app
+from fedcluster_app.config import ConfigError
+from fedcluster_app.engine import run_inprocess
+from fedcluster_app.results import load_run
+
+
+class CountingApp:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, msg, ctx):
+        self.calls += 1
+        return client_app(msg, ctx)
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"strategy": "no-such-algo"}, "valid strategies: fedavg, fedprox, ifca, local, oracle"),
+        ({"scenario": "no-such-data"}, "circle2"),
+        ({"lr": -0.1}, "lr must be a positive"),
+        ({"num-clusters": 0}, "num-clusters (K) must be >= 1"),
+        ({"rounds-per-step": 0}, "rounds-per-step must be >= 1"),
+        ({"fraction-train": 1.5}, "fraction-train must be in (0, 1]"),
+        ({"optimizer": "lbfgs"}, "optimizer must be"),
+        ({"schedule": "/no/such/file.cp"}, "schedule file not found"),
+    ],
+)
+def test_invalid_config_fails_before_the_first_round(fast_config, overrides, expected):
+    app = CountingApp()
+    with pytest.raises(ValueError) as err:
+        run_inprocess(fast_config(**overrides), num_nodes=10, client_app=app)
+    assert expected in str(err.value)
+    assert app.calls == 0
+
+
+def test_unknown_config_key_is_named(fast_config):
+    with pytest.raises(ConfigError, match="unknown run-config key 'learning-rate'"):
+        run_inprocess(fast_config() | {"learning-rate": 0.1})
+
+
+def test_schedule_with_wrong_number_of_columns(fast_config, tmp_path):
+    cp = tmp_path / "three.cp"
+    cp.write_text("0 0 0\n0 1 1\n1 1 1\n")
+    app = CountingApp()
+    with pytest.raises(ValueError, match="column"):
+        run_inprocess(fast_config(scenario="circle2", schedule=str(cp), num_clients=10),
+                      num_nodes=10, client_app=app)
+    assert app.calls == 0
+
+
+def _corrupt(reply, how):
+    for key in list(reply.content.array_records):
+        arrays = reply.content.array_records[key].to_numpy_ndarrays()
+        if how == "shape":
+            arrays[0] = np.zeros((3, 3), np.float32)
+        else:
+            arrays[0] = np.full_like(arrays[0], np.nan)
+        reply.content[key] = ArrayRecord(arrays)
+    return reply
+
+
+def misbehaving_app(msg, ctx):
+    """Client 3 replies with wrong shapes, client 4 with NaNs, client 5 raises when training."""
+    pid = ctx.node_config["partition-id"]
+    if pid == 5 and msg.metadata.message_type == P.TRAIN:
+        raise RuntimeError("disk full")
+    reply = client_app(msg, ctx)
+    if msg.metadata.message_type == P.TRAIN and pid in (3, 4):
+        reply = _corrupt(reply, "shape" if pid == 3 else "nan")
+    return reply
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "ifca"])
+def test_bad_replies_are_rejected_and_the_run_goes_on(fast_config, strategy):
+    summary = run_inprocess(fast_config(strategy=strategy), client_app=misbehaving_app)
+    _, rounds = load_run(Path(summary["out_dir"]))
+    assert summary["status"] == "completed" and len(rounds) == 12
+    assert all(r["failures"] == 3 for r in rounds)       # counted in metrics.jsonl
+    assert all(r["trained_clients"] == 7 for r in rounds)
+    assert all(r["evaluated_clients"] == 10 for r in rounds)
+    assert summary["failures"] == 36
+    assert summary["mean_accuracy"] > 0.4                  # the bad updates never reached a model

@@ -1,0 +1,90 @@
+"""The whole ServerApp + ClientApp in-process, for every strategy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedcluster_app.engine import run_inprocess
+from fedcluster_app.results import load_run
+from fedcluster_app.strategies import STRATEGIES
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_runs_end_to_end(strategy, fast_config):
+    cfg = fast_config(strategy=strategy)
+    summary = run_inprocess(cfg)
+    out = Path(cfg["out-dir"])
+    disk, rounds = load_run(out)
+    assert disk["strategy"] == strategy and disk["status"] == "completed"
+    assert len(rounds) == 12 == summary["rounds"]           # 6 steps x 2 rounds
+    assert [r["time_step"] for r in rounds] == [s for s in range(1, 7) for _ in range(2)]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rounds)
+    assert all(r["failures"] == 0 for r in rounds)
+    assert disk["ari_final"] is not None
+    assert (out / "checkpoint.npz").is_file()
+    # a clustered model is better than chance (4 classes)
+    assert disk["mean_accuracy"] > 0.4
+
+
+def test_fedavg_keeps_one_model_and_counts_bytes(fast_config):
+    _, rounds = load_run(Path(run_inprocess(fast_config(strategy="fedavg"))["out_dir"]))
+    assert {r["num_clusters"] for r in rounds} == {1}
+    # each round: 10 clients get the model for training and for evaluation, 10 send it back
+    assert all(r["bytes_down"] == 2 * r["bytes_up"] > 0 for r in rounds)
+
+
+def test_local_strategy_sends_no_model(fast_config):
+    summary = run_inprocess(fast_config(strategy="local"))
+    assert summary["bytes_up"] == 0 and summary["bytes_down"] == 0
+    assert summary["num_clusters_final"] == 10
+
+
+def test_oracle_recovers_the_true_clusters(fast_config):
+    summary = run_inprocess(fast_config(strategy="oracle"))
+    _, rounds = load_run(Path(summary["out_dir"]))
+    assert summary["ari_final"] == 1.0
+    assert all(r["ari"] == 1.0 for r in rounds)
+    assert [r["num_clusters"] for r in rounds][-1] == 2
+    assert sum(r.get("drifted_clients", 0) for r in rounds) == 5   # clients 0-4 drift at step 3
+
+
+def test_ifca_separates_the_two_concepts_after_the_drift(fast_config):
+    summary = run_inprocess(fast_config(strategy="ifca", **{"rounds-per-step": 3}))
+    _, rounds = load_run(Path(summary["out_dir"]))
+    after = [r for r in rounds if r["time_step"] >= 4]
+    assert summary["ari_final"] == 1.0
+    assert np.mean([r["ari"] for r in after]) > 0.9
+
+
+def test_clustering_beats_fedavg_under_concept_drift(fast_config, tmp_path):
+    acc = {}
+    for strategy in ("fedavg", "oracle"):
+        s = run_inprocess(fast_config(strategy=strategy, out_dir=str(tmp_path / strategy)))
+        acc[strategy] = s["mean_accuracy_after_drift"]
+    assert acc["oracle"] > acc["fedavg"] + 0.1
+
+
+def test_same_seed_same_metrics_different_seed_different(fast_config, tmp_path):
+    def accuracies(seed, name):
+        s = run_inprocess(fast_config(strategy="ifca", seed=seed, out_dir=str(tmp_path / name)))
+        return [r["accuracy"] for r in load_run(Path(s["out_dir"]))[1]]
+
+    a, b, c = accuracies(1, "a"), accuracies(1, "b"), accuracies(2, "c")
+    assert a == b
+    assert a != c
+
+
+def test_metrics_jsonl_has_the_contract_fields(fast_config):
+    summary = run_inprocess(fast_config(strategy="ifca"))
+    out = Path(summary["out_dir"])
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    for key in ("round", "time_step", "accuracy", "num_clusters", "ari", "bytes_up", "bytes_down",
+                "failures"):
+        assert key in first
+    for key in ("strategy", "scenario", "seed", "rounds", "mean_accuracy", "final_accuracy",
+                "ari_final", "bytes_up", "bytes_down", "wall_time_s"):
+        assert key in summary
