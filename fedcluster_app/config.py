@@ -227,7 +227,13 @@ def validate(cfg: RunConfig) -> None:
         if not ok:
             raise ConfigError(message)
     if cfg.schedule and not Path(cfg.schedule).is_file():
-        raise ConfigError(f"schedule file not found: {cfg.schedule}")
+        from .datasets.schedules import bundled_schedule_names
+
+        if cfg.schedule not in bundled_schedule_names():
+            raise ConfigError(
+                f"schedule file not found: {cfg.schedule} (or name a bundled FedDrift "
+                f"schedule: {', '.join(bundled_schedule_names())})"
+            )
 
 
 def _positive(x: float) -> bool:

@@ -64,10 +64,12 @@ def model_metrics_key(mid: int) -> str:
 
 
 def build_content(
-    models: dict[int, list[np.ndarray]] | None = None,
+    models: dict[int, ArrayRecord] | None = None,
     config: dict | None = None,
 ) -> RecordDict:
-    content = RecordDict(pack_models(models or {}))
+    """An instruction message's content; ``models`` are already packed (once per round, since
+    the same cluster model goes to many clients)."""
+    content = RecordDict({f"{MODEL_PREFIX}{mid}": rec for mid, rec in (models or {}).items()})
     content[CONFIG] = ConfigRecord(config or {})
     return content
 

@@ -6,12 +6,26 @@ model), so a run is reproducible whichever process or engine executes the client
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from .config import TrainConfig
+
+
+def limit_threads() -> None:
+    """One intra-op thread per client (FEDCLUSTER_TORCH_THREADS to change it).
+
+    The models are small and every simulated client already gets its own CPU; with more
+    threads, torch's thread pool spins against the other clients and a 0.4 ms step can take
+    15 ms on a loaded 2-core machine.
+    """
+    wanted = int(os.environ.get("FEDCLUSTER_TORCH_THREADS", "1"))
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
 
 
 def as_tensor(a: np.ndarray, dtype=np.float32) -> torch.Tensor:

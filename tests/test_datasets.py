@@ -479,7 +479,7 @@ def test_unknown_scenario_lists_valid_names():
 
 
 def test_bad_schedule_files(tmp_path):
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ValueError, match="not found"):
         build_scenario("circle2", schedule=str(tmp_path / "missing.cp"))
     ragged = write_cp(tmp_path / "ragged.cp", ["0 0 0", "0 1"])
     with pytest.raises(ValueError, match="ragged.*line 2"):

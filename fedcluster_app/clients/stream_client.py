@@ -19,7 +19,7 @@ from .. import protocol as P
 from ..config import TrainConfig
 from ..experiment import Experiment
 from ..models import build_model, get_weights, initial_weights, scratch_model, set_weights
-from ..training import evaluate, evaluate_mixture, local_train
+from ..training import evaluate, evaluate_mixture, limit_threads, local_train
 
 PERSONAL_KEY = "personal-model"
 COUNTERS_KEY = "client-counters"
@@ -36,6 +36,7 @@ class StreamClient(NumPyClient):
                 f"client id {client_id} is outside the scenario {scenario.name!r}, which has "
                 f"{scenario.num_clients} clients (ids 0..{scenario.num_clients - 1})"
             )
+        limit_threads()
         self.client_id = client_id
         self.exp = experiment
         self.state = state

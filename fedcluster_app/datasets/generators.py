@@ -97,7 +97,8 @@ class CircleConcept:
             return None
         c = tuple(float(a + frac * (b - a)) for a, b in zip(self.centre, other.centre))
         r = float(self.radius + frac * (other.radius - self.radius))
-        return CircleConcept(c, r, name=f"{self.name}->{other.name}@{frac:.2f}")  # type: ignore[arg-type]
+        name = f"{self.name}->{other.name}@{frac:.2f}"
+        return CircleConcept(c, r, name=name)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -211,17 +212,17 @@ class ImagePool:
     with replacement.
 
     ``images`` is ``(N, C, H, W)`` in any numeric dtype (kept as given, e.g. ``uint8`` to save
-    memory) and ``scale`` maps it to ``[0, 1]``. Rotated copies of the whole pool are computed once
-    per angle and cached when the pool is small (at most ``ROTATE_CACHE_VALUES`` values, e.g. the
-    digits); for big pools (MNIST, CIFAR-10) a full rotated copy per angle would cost hundreds of
-    MB per process, so only the drawn images are rotated.
+    memory); dividing by ``max_value`` maps it to ``[0, 1]``. Rotated copies of the whole pool are
+    computed once per angle and cached when the pool is small (at most ``ROTATE_CACHE_VALUES``
+    values, e.g. the digits); for big pools (MNIST, CIFAR-10) a full rotated copy per angle would
+    cost hundreds of MB per process, so only the drawn images are rotated.
     """
 
     ROTATE_CACHE_VALUES = 4_000_000
     ROTATE_CACHE_ANGLES = 8
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, num_classes: int,
-                 scale: float = 1.0) -> None:
+                 max_value: float = 1.0) -> None:
         images = np.asarray(images)
         labels = np.asarray(labels, dtype=np.int64)
         if images.ndim != 4:
@@ -233,7 +234,7 @@ class ImagePool:
         self.images = images
         self.labels = labels
         self.num_classes = int(num_classes)
-        self.scale = float(scale)
+        self.max_value = float(max_value)
         self.class_indices = [np.flatnonzero(labels == c) for c in range(self.num_classes)]
         self.present = np.array([len(ix) > 0 for ix in self.class_indices])
         self._rotated: dict[float, np.ndarray] = {}
@@ -261,7 +262,7 @@ class ImagePool:
         return idx
 
     def _float(self, idx: np.ndarray | slice) -> np.ndarray:
-        return self.images[idx].astype(np.float32) * np.float32(self.scale)
+        return self.images[idx].astype(np.float32) / np.float32(self.max_value)
 
     def get(self, idx: np.ndarray, angle: float = 0.0) -> np.ndarray:
         """``float32`` images ``idx`` in ``[0, 1]``, rotated by ``angle`` degrees."""
@@ -308,9 +309,8 @@ def digits_pools(seed: int) -> tuple[ImagePool, ImagePool]:
     labels = np.asarray(d.target, dtype=np.int64)
     rng = np.random.default_rng([seed, 0, 0, TAG_POOL_SPLIT])
     tr, te = stratified_split(labels, 0.25, rng)
-    scale = 1.0 / 16.0
-    return (ImagePool(images[tr], labels[tr], 10, scale),
-            ImagePool(images[te], labels[te], 10, scale))
+    return (ImagePool(images[tr], labels[tr], 10, 16.0),
+            ImagePool(images[te], labels[te], 10, 16.0))
 
 
 @lru_cache(maxsize=4)
@@ -321,4 +321,4 @@ def torchvision_pools(name: str, data_dir: str) -> tuple[ImagePool, ImagePool]:
 
     xtr, ytr = load_image_dataset_uint8(name, data_dir, train=True)
     xte, yte = load_image_dataset_uint8(name, data_dir, train=False)
-    return (ImagePool(xtr, ytr, 10, 1.0 / 255.0), ImagePool(xte, yte, 10, 1.0 / 255.0))
+    return (ImagePool(xtr, ytr, 10, 255.0), ImagePool(xte, yte, 10, 255.0))

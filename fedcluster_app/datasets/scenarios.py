@@ -471,6 +471,8 @@ def _rebuild(params: tuple) -> Scenario:
 
 
 def _nonneg_int(key: str, value: object) -> int:
+    if isinstance(value, float) and value.is_integer():  # e.g. 10.0 from a loose config
+        value = int(value)
     try:
         v = operator.index(value)  # type: ignore[arg-type]
     except TypeError:
@@ -493,10 +495,13 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
     A bundled default schedule is tiled over clients (client ``k`` uses column ``k % 10``) when
     ``num_clients`` differs. ``drift_pattern`` replaces the schedule with a programmatic pattern
     (module docstring); ``drift_step`` is its first drifted step (default: the scenario's, 3 for
-    the 6-step scenarios, 4 for the 11-step ones). ``dirichlet_alpha`` sets the per-client
-    Dirichlet class prior of class-based scenarios (``inf`` = uniform; images default to 1.0,
-    mixtures to uniform; tabular scenarios ignore it). ``data_dir`` is the local torchvision
-    directory that ``mnist-*``, ``fmnist-*`` and ``cifar10-*`` need.
+    the 6-step scenarios, 4 for the 11-step ones, capped at ``num_steps``); it also moves the
+    drift of scenarios whose own schedule is programmatic (``mixture-*``, image families) and has
+    no effect on ``.cp`` schedules (``Scenario.drift_step`` then reports their first drift).
+    ``dirichlet_alpha`` sets the per-client Dirichlet class prior of class-based scenarios
+    (``inf`` = uniform; images default to 1.0, mixtures to uniform; tabular scenarios ignore it).
+    ``data_dir`` is the local torchvision directory that ``mnist-*``, ``fmnist-*`` and
+    ``cifar10-*`` need.
 
     Identical arguments return the same (cached) object.
 
@@ -576,7 +581,8 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
         if m.max() >= n_base:
             t, k = (int(v[0]) for v in np.nonzero(m >= n_base))
             raise ValueError(f"{what}: concept id {int(m[t, k])} (step {t + 1}, client {k}) but "
-                             f"scenario {name} defines only {n_base} concepts (ids 0..{n_base - 1})")
+                             f"scenario {name} defines only {n_base} concepts "
+                             f"(ids 0..{n_base - 1})")
         steps = num_steps or len(m)
         m = _fit_rows(m, steps)
         concepts, labels = fam.concepts, fam.labels

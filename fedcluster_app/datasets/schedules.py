@@ -59,7 +59,7 @@ def load_cp(path: str | Path) -> np.ndarray:
     """
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"schedule file {str(p)!r} does not exist (or is not a file)")
+        raise ValueError(f"schedule file {str(p)!r} not found (no such file)")
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

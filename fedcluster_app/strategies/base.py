@@ -250,7 +250,7 @@ class ClusteredStrategy(Strategy):
     # ------------------------------------------------------------------ messaging
     def exchange(self, grid: Grid, kind: str, tasks: dict[int, Task]) -> list[Reply]:
         """Send one message per task, wait, validate; failures are logged and counted."""
-        messages, sent = [], {}
+        messages, sent, packed = [], {}, {}
         for cid, task in sorted(tasks.items()):
             node = self.clients[cid].node_id
             if node is None:
@@ -260,7 +260,10 @@ class ClusteredStrategy(Strategy):
                 config[P.TRAIN_IDS] = list(task.train_ids)
             if task.personal:
                 config[P.PERSONAL] = True
-            content = P.build_content({m: self.models[m] for m in task.models}, config)
+            for m in task.models:
+                if m not in packed:
+                    packed[m] = ArrayRecord(self.models[m])
+            content = P.build_content({m: packed[m] for m in task.models}, config)
             self._round_stats["bytes_down"] += P.nbytes(content)
             messages.append(
                 Message(content=content, dst_node_id=node, message_type=kind, group_id=str(self.round))
@@ -456,10 +459,12 @@ class ClusteredStrategy(Strategy):
             labels = {c: self.cluster_label(c) for c in truth}
             pairs = [(truth[c], -1 if labels[c] is None else labels[c]) for c in truth]
             out["ari"] = float(adjusted_rand_score([p[0] for p in pairs], [p[1] for p in pairs]))
-            before = {c: self._truth.get(c, {}).get(step - 1) for c in truth}
-            out["drifted_clients"] = sum(
-                1 for c in truth if before[c] is not None and before[c] != truth[c]
-            )
+            if self.round == 1 or self.exp.time_step(self.round - 1) != step:
+                # a drift happens when a step brings data of another concept: count it once
+                before = {c: self._truth.get(c, {}).get(step - 1) for c in truth}
+                out["drifted_clients"] = sum(
+                    1 for c in truth if before[c] is not None and before[c] != truth[c]
+                )
         return out
 
     @staticmethod
