@@ -89,6 +89,8 @@ def flwr_env(home: Path) -> dict[str, str]:
         FLWR_TELEMETRY_ENABLED="0",
         FLWR_DISABLE_UPDATE_CHECK="1",
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        # the SuperLink starts flower-superexec, flwr-simulation, ... by name: use this env's
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
     )
     return env
 
@@ -116,7 +118,6 @@ class LocalSimulationSuperLink:
             [_bin("flower-superlink"), "--insecure", "--simulation",
              "--disable-runtime-dependency-installation",
              "--host", "127.0.0.1", "--port", str(self.port),
-             "--control-api-address", f"127.0.0.1:{_free_port()}",
              "--database", str(self.home / "state.db")],
             env=self.env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -131,8 +132,8 @@ class LocalSimulationSuperLink:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RunFailed(f"flower-superlink exited with {self.proc.returncode}; "
-                                f"see {self.home / 'superlink.log'}")
+                raise RunFailed(f"flower-superlink exited with {self.proc.returncode}: "
+                                f"{(self.home / 'superlink.log').read_text()[-2000:]}")
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
                     return
@@ -184,6 +185,7 @@ def run_with_flwr(
                   f"client-resources-num-gpus={float(settings.get('client-resources-num-gpus', 0.0))}")
     # Ray's socket paths must stay short, so the private home lives in /tmp
     home = Path(tempfile.mkdtemp(prefix="fc-", dir=workdir))
+    ok = False
     try:
         app_dir = stage_app(home / "app")
         rc_file = write_run_config(run_config, home / "run-config.toml")
@@ -194,6 +196,8 @@ def run_with_flwr(
             status, details = run_status(link.env)
         if proc.returncode != 0 or not status.startswith("finished:completed"):
             raise RunFailed(f"flwr run ended with status {status!r} (exit code {proc.returncode}): "
-                            f"{details}")
+                            f"{details}; SuperLink log and app kept in {home}")
+        ok = True
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        if ok:
+            shutil.rmtree(home, ignore_errors=True)

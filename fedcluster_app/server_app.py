@@ -37,9 +37,6 @@ def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
     strategy = build_strategy(exp)
     cfg = exp.cfg
     out_dir = resolve_out_dir(cfg.raw)
-    if cfg.resume_from:
-        strategy.load_checkpoint(Path(cfg.resume_from))
-        log(INFO, "resuming %s from round %d (%s)", strategy.name, strategy.round, cfg.resume_from)
     recorder = RunRecorder(
         out_dir, strategy=cfg.strategy, scenario=cfg.scenario, seed=cfg.seed,
         config=dict(cfg.raw), resume=bool(cfg.resume_from),
@@ -47,6 +44,9 @@ def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
     log(INFO, "fedcluster: %s on %s, %d rounds; results in %s", cfg.strategy, cfg.scenario,
         exp.num_rounds, out_dir)
     try:
+        if cfg.resume_from:
+            strategy.load_checkpoint(Path(cfg.resume_from))
+            log(INFO, "resuming %s after round %d (%s)", strategy.name, strategy.round, cfg.resume_from)
         strategy.start(grid, recorder, checkpoint_dir=out_dir)
     except Exception as ex:
         log(ERROR, "run failed: %s", traceback.format_exc())

@@ -1,0 +1,73 @@
+"""The fedcluster command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedcluster_app.cli import main
+from fedcluster_app.config import ConfigError, parse_assignment
+from fedcluster_app.datasets import SCENARIO_NAMES
+from fedcluster_app.strategies import STRATEGIES
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = ROOT / "presets" / "quick.toml"
+
+
+def test_list_names_every_strategy_and_scenario(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in [*STRATEGIES, *SCENARIO_NAMES, "cpu", "gpu", "rounds-per-step"]:
+        assert name in out
+
+
+def test_run_inprocess_writes_results(tmp_path, capsys):
+    out = tmp_path / "r"
+    rc = main(["run", "--strategy", "oracle", "--run-config", str(QUICK), "--out", str(out),
+               "--set", "progress=false", "--set", "plot=true"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategy"] == "oracle" and summary["ari_final"] == 1.0
+    assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "mean accuracy" in capsys.readouterr().out
+
+
+def test_unknown_strategy_exits_2_and_lists_the_valid_ones(tmp_path, capsys):
+    assert main(["run", "--strategy", "fedmagic", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown strategy 'fedmagic'" in err and "ifca" in err and "oracle" in err
+
+
+def test_unknown_scenario_exits_2_and_lists_the_valid_ones(tmp_path, capsys):
+    assert main(["run", "--scenario", "imagenet", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "imagenet" in err and "circle2" in err and "digits-swap" in err
+
+
+def test_unknown_key_and_bad_value(tmp_path, capsys):
+    assert main(["run", "--set", "learnin-rate=0.1", "--out", str(tmp_path)]) == 2
+    assert "unknown run-config key 'learnin-rate'" in capsys.readouterr().err
+    assert main(["run", "--set", "lr=-1", "--out", str(tmp_path)]) == 2
+    assert "lr must be a positive" in capsys.readouterr().err
+
+
+def test_report_compares_runs(tmp_path, capsys):
+    for strategy in ("fedavg", "oracle"):
+        assert main(["run", "--strategy", strategy, "--run-config", str(QUICK),
+                     "--out", str(tmp_path / strategy), "--set", "progress=false"]) == 0
+    capsys.readouterr()
+    plot = tmp_path / "cmp.png"
+    assert main(["report", str(tmp_path / "fedavg"), str(tmp_path / "oracle"), "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "fedavg" in out and "oracle" in out and plot.is_file()
+
+
+def test_parse_assignment():
+    assert parse_assignment("lr=0.5") == ("lr", 0.5)
+    assert parse_assignment("strategy=ifca") == ("strategy", "ifca")
+    assert parse_assignment('scenario="sea4"') == ("scenario", "sea4")
+    assert parse_assignment("plot=false") == ("plot", False)
+    with pytest.raises(ConfigError):
+        parse_assignment("no-equals-sign")
