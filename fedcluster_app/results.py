@@ -29,12 +29,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from .atomic import atomic_open, atomic_write_bytes
 
 __all__ = [
     "METRICS_FILE",
@@ -166,23 +167,6 @@ def _normalise_counts(rec: dict) -> None:
 # --------------------------------------------------------------------------------------------
 # File helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def _dump_line(rec: dict) -> str:
@@ -348,7 +332,7 @@ class RunRecorder:
             kept = [r for r in self._records if r["round"] < rec["round"]]
             if len(kept) != len(self._records) or self._file_needs_rewrite():
                 data = "".join(_dump_line(r) for r in kept).encode("utf-8")
-                _atomic_write_bytes(self.metrics_path, data)
+                atomic_write_bytes(self.metrics_path, data)
             self._records = kept
             self._pending_truncation = False
         if self._records and rec["round"] <= self._records[-1]["round"]:
@@ -390,7 +374,7 @@ class RunRecorder:
         if self._pending_truncation and self._file_needs_rewrite():
             # resumed but nothing logged since: drop a partial last line left by a crash
             data = "".join(_dump_line(r) for r in self._records).encode("utf-8")
-            _atomic_write_bytes(self.metrics_path, data)
+            atomic_write_bytes(self.metrics_path, data)
         if error is not None and not isinstance(error, str):
             error = str(error)
         summary: dict[str, Any] = {
@@ -420,7 +404,7 @@ class RunRecorder:
 
         summary = to_json(summary, where="summary")
         data = json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
-        _atomic_write_bytes(self.summary_path, data.encode("utf-8"))
+        atomic_write_bytes(self.summary_path, data.encode("utf-8"))
         return summary
 
 
@@ -477,17 +461,8 @@ def _new_figure(figsize: tuple[float, float]):
 def _save_png(fig, out_path: Path) -> Path:
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", bbox_inches="tight")
-        os.replace(tmp, out_path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_open(out_path) as f:
+        fig.savefig(f, format="png", bbox_inches="tight")
     return out_path
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -38,6 +37,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from .. import protocol as P
+from ..atomic import atomic_open
 from ..experiment import Experiment
 from ..models import initial_weights, weight_shapes
 from ..results import RunRecorder, format_round_line
@@ -507,12 +507,8 @@ class ClusteredStrategy(Strategy):
         """Atomic: written to a temporary file, then renamed over the old checkpoint."""
         meta, arrays = self.state_dict()
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
+        with atomic_open(path) as fh:
             np.savez(fh, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
 
     def load_checkpoint(self, path: Path) -> None:
         path = Path(path)
