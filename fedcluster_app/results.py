@@ -756,4 +756,16 @@ def format_round_line(record: dict, total_rounds: int) -> str:
     line = f"[{head}]"
     if parts:
         line += " " + " | ".join(parts)
+    if total_rounds and total_rounds >= LONG_RUN_ROUNDS and _is_number(rnd):
+        line += " " + progress_bar(rnd, total_rounds)
     return line
+
+
+LONG_RUN_ROUNDS = 50   # runs this long get a progress bar on their round lines
+
+
+def progress_bar(done: int, total: int, width: int = 20) -> str:
+    """``|#######-------------|  35%``: plain ASCII, so it survives any log viewer."""
+    frac = min(max(done / total, 0.0), 1.0)
+    filled = int(round(frac * width))
+    return f"|{'#' * filled}{'-' * (width - filled)}| {frac * 100:3.0f}%"

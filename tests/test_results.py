@@ -619,7 +619,7 @@ def test_format_round_line_full():
     }
     assert format_round_line(record, 55) == (
         "[round  12/55 | step  3] acc 0.912 | clusters 2 | ari 1.000 | "
-        "up 12.3 kB down 24.6 kB | 0.21 s"
+        "up 12.3 kB down 24.6 kB | 0.21 s |####----------------|  22%"
     )
 
 
@@ -636,9 +636,18 @@ def test_format_round_line_missing_parts_and_extras():
     )
     assert line == (
         "[round    7/1000 | step  1] acc 0.500 | clusters 1 | drift 4 | fail 1 | "
-        "up 999 B down 3.5 MB"
+        "up 999 B down 3.5 MB |--------------------|   1%"
     )
     assert "ari" not in line
     assert format_round_line({"round": 3}, 0) == "[round 3]"
     assert re.fullmatch(r"\[round\s+2/9\] acc 0\.250", format_round_line(
         {"round": 2, "accuracy": 0.25}, 9))
+
+
+def test_long_runs_get_a_progress_bar_on_their_round_lines():
+    from fedcluster_app.results import format_round_line
+
+    line = format_round_line({"round": 25, "time_step": 3, "accuracy": 0.5, "num_clusters": 2}, 100)
+    assert line.endswith("|#####---------------|  25%")
+    short = format_round_line({"round": 5, "time_step": 1, "accuracy": 0.5, "num_clusters": 2}, 12)
+    assert "%" not in short
