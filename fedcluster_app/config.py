@@ -238,3 +238,13 @@ def validate(cfg: RunConfig) -> None:
 
 def _positive(x: float) -> bool:
     return math.isfinite(x) and x > 0
+
+
+def section(raw: dict[str, ConfigValue], prefix: str) -> dict[str, ConfigValue]:
+    """The keys of one algorithm's table, e.g. ``[tool.flwr.app.config.feddrift]`` -> ``delta``.
+
+    Flower flattens nested tables to ``feddrift.delta``; strategies read their own table with
+    this and validate it in their constructor, so a bad value fails before the first round.
+    """
+    head = f"{prefix}."
+    return {k[len(head):]: v for k, v in raw.items() if k.startswith(head)}

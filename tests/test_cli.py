@@ -9,7 +9,7 @@ import pytest
 
 from fedcluster_app.cli import main
 from fedcluster_app.config import ConfigError, parse_assignment
-from fedcluster_app.datasets import SCENARIO_NAMES
+from fedcluster_app.datasets import scenario_names
 from fedcluster_app.strategies import STRATEGIES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +19,7 @@ QUICK = ROOT / "presets" / "quick.toml"
 def test_list_names_every_strategy_and_scenario(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for name in [*STRATEGIES, *SCENARIO_NAMES, "cpu", "gpu", "rounds-per-step"]:
+    for name in [*STRATEGIES, *scenario_names(), "cpu", "gpu", "rounds-per-step"]:
         assert name in out
 
 

@@ -547,3 +547,27 @@ def test_client_and_step_out_of_range():
 def test_torchvision_scenarios_need_data_dir(name):
     with pytest.raises(ValueError, match="data-dir"):
         build_scenario(name)
+
+
+def test_registered_scenarios_are_listed_built_and_cached():
+    from fedcluster_app.datasets import build_scenario, list_scenarios, register_scenario, scenario_names
+    from fedcluster_app.datasets.scenarios import _EXTRA
+
+    calls = []
+
+    def builder(**kwargs):
+        calls.append(kwargs)
+        return build_scenario("mixture-swap", seed=kwargs["seed"])
+
+    register_scenario("test-extra", "a registered test scenario", builder)
+    try:
+        assert "test-extra" in scenario_names()
+        assert ("test-extra", "a registered test scenario") in list_scenarios()
+        a = build_scenario("test-extra", seed=3)
+        assert a is build_scenario("test-extra", seed=3) and len(calls) == 1
+        with pytest.raises(ValueError, match="already defined"):
+            register_scenario("test-extra", "again", builder)
+        with pytest.raises(ValueError, match="test-extra"):
+            build_scenario("nope")
+    finally:
+        _EXTRA.pop("test-extra")

@@ -16,6 +16,8 @@ from .scenarios import (
     StepData,
     build_scenario,
     list_scenarios,
+    register_scenario,
+    scenario_names,
 )
 from .schedules import (
     bundled_schedule,
@@ -33,6 +35,8 @@ __all__ = [
     "Scenario",
     "StepData",
     "build_scenario",
+    "register_scenario",
+    "scenario_names",
     "bundled_schedule",
     "bundled_schedule_names",
     "incremental",

@@ -95,6 +95,8 @@ __all__ = [
     "StepData",
     "build_scenario",
     "list_scenarios",
+    "register_scenario",
+    "scenario_names",
 ]
 
 # Stream tags of the per-(client, step) generators: default_rng([data_seed, client, step, tag]).
@@ -196,9 +198,33 @@ _DEFS = _defs()
 SCENARIO_NAMES: tuple[str, ...] = tuple(sorted(_DEFS))
 
 
+# Scenario families defined in other modules (FlexCFL's Synthetic(a,b), FedRC's populations, ...):
+# name -> (description, builder). See register_scenario.
+_EXTRA: dict[str, tuple[str, Callable[..., "Scenario"]]] = {}
+
+
+def register_scenario(name: str, description: str, builder: Callable[..., "Scenario"]) -> None:
+    """Add a named scenario built by ``builder(**kwargs)``.
+
+    ``kwargs`` are :func:`build_scenario`'s keyword arguments as the user gave them (``0`` /
+    ``""`` = "your default"); the builder validates them (ValueError naming the problem) and
+    returns a :class:`Scenario` (or an object with the same interface) whose ``params`` are
+    those kwargs plus ``name``. Results are cached: identical arguments give the same object.
+    """
+    key = name.strip().lower()
+    if key in _DEFS or key in _EXTRA:
+        raise ValueError(f"scenario {name!r} is already defined")
+    _EXTRA[key] = (description, lru_cache(maxsize=32)(builder))
+
+
+def scenario_names() -> tuple[str, ...]:
+    """Every scenario name, the built-in families and the registered ones, sorted."""
+    return tuple(sorted([*_DEFS, *_EXTRA]))
+
+
 def list_scenarios() -> list[tuple[str, str]]:
     """``(name, one-line description)`` of every named scenario, sorted by name."""
-    return [(n, _DEFS[n].description) for n in SCENARIO_NAMES]
+    return [(n, _DEFS[n].description if n in _DEFS else _EXTRA[n][0]) for n in scenario_names()]
 
 
 # ---------------------------------------------------------------------------------- families
@@ -467,6 +493,8 @@ _PARAM_NAMES = ("name", "seed", "num_clients", "num_steps", "samples_per_step", 
 
 
 def _rebuild(params: tuple) -> Scenario:
+    if params[0] in _EXTRA:
+        return build_scenario(**dict(zip(_PARAM_NAMES, params)))
     return _build_cached(*params)
 
 
@@ -511,8 +539,14 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
         FileNotFoundError: data_dir lacks the dataset's files.
     """
     key = str(name).strip().lower()
+    if key in _EXTRA:
+        return _EXTRA[key][1](
+            seed=seed, num_clients=num_clients, num_steps=num_steps,
+            samples_per_step=samples_per_step, test_samples=test_samples, schedule=schedule,
+            drift_pattern=drift_pattern, drift_step=drift_step, dirichlet_alpha=dirichlet_alpha,
+            data_dir=data_dir)
     if key not in _DEFS:
-        raise ValueError(f"unknown scenario {name!r}; valid names: {', '.join(SCENARIO_NAMES)}")
+        raise ValueError(f"unknown scenario {name!r}; valid names: {', '.join(scenario_names())}")
     d = _DEFS[key]
     seed = _nonneg_int("seed", seed)
     num_clients = _nonneg_int("num_clients", num_clients)

@@ -38,6 +38,7 @@ from flwr.serverapp.strategy import Strategy
 
 from .. import protocol as P
 from ..atomic import atomic_open
+from ..config import section
 from ..experiment import Experiment
 from ..models import initial_weights, weight_shapes
 from ..results import RunRecorder, format_round_line
@@ -157,6 +158,10 @@ class ClusteredStrategy(Strategy):
 
     def num_clusters(self) -> int:
         return len(self.clusters_in_use())
+
+    def hparams(self) -> dict[str, Any]:
+        """This strategy's own run-config table, ``[tool.flwr.app.config.<name>]``."""
+        return section(self.cfg.raw, self.name)
 
     def true_concept(self, cid: int, step: int) -> int | None:
         if not self.uses_ground_truth:
