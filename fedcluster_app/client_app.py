@@ -1,11 +1,18 @@
 """Flower ClientApp: turns messages into calls on this node's StreamClient and back.
 
 The logical client id is the ``client-id`` node-config key in deployment and ``partition-id``
-in simulation; every reply carries it.
+in simulation; every reply carries it, with the ground-truth concept of the step (read only by
+metrics and the Oracle). Algorithm families add their own message kinds with
+``register_query`` / ``register_train`` from a module in ``clients/`` instead of editing this
+file.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
@@ -14,6 +21,10 @@ from .clients.stream_client import StreamClient
 from .experiment import load_experiment
 
 app = ClientApp()
+
+Models = dict[int, list[np.ndarray]]
+# handler(client, config, models) -> (metrics, models to send back, per-model metrics)
+Handler = Callable[[StreamClient, dict[str, Any], Models], tuple[dict, Models, dict[int, dict]]]
 
 
 def logical_client_id(context: Context) -> int:
@@ -28,89 +39,90 @@ def make_client(context: Context) -> StreamClient:
     return StreamClient(logical_client_id(context), load_experiment(context.run_config), context.state)
 
 
-def _base_metrics(client: StreamClient, step: int) -> dict:
-    return {P.CLIENT_ID: client.client_id, P.CONCEPT: client.concept(step), P.STEP: step}
-
-
 def _config(msg: Message) -> dict:
     return dict(msg.content.config_records[P.CONFIG]) if P.CONFIG in msg.content.config_records else {}
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    client = make_client(context)
-    config = _config(msg)
-    step = int(config[P.STEP])
-    models = P.unpack_models(msg.content)
-    metrics = _base_metrics(client, step)
+def _wrap(handler: Handler) -> Callable[[Message, Context], Message]:
+    def handle(msg: Message, context: Context) -> Message:
+        client = make_client(context)
+        config = _config(msg)
+        step = int(config[P.STEP])
+        metrics, models, model_metrics = handler(client, config, P.unpack_models(msg.content))
+        base = {P.CLIENT_ID: client.client_id, P.CONCEPT: client.concept(step), P.STEP: step}
+        return Message(P.reply_content({**base, **metrics}, models, model_metrics), reply_to=msg)
 
+    handle.__name__ = getattr(handler, "__name__", "handler")
+    return handle
+
+
+def register_query(name: str, handler: Handler) -> None:
+    """Handle ``query.<name>`` messages with ``handler``."""
+    app.query(name)(_wrap(handler))
+
+
+def register_train(name: str, handler: Handler) -> None:
+    """Handle ``train.<name>`` messages (a training variant of an algorithm family)."""
+    app.train(name)(_wrap(handler))
+
+
+# ---------------------------------------------------------------------------- built-in kinds
+def train(client: StreamClient, config: dict, models: Models):
+    """Train every model sent (or ``train-ids``), or the personal model, or IFCA's best one."""
     if config.get(P.PERSONAL):
         weights, n, m = client.fit(client.personal_weights(), {**config, "model-id": P.PERSONAL_MODEL_ID})
         client.store_personal(weights)
-        metrics.update({P.NUM_EXAMPLES: n, **m})
-        return Message(P.reply_content(metrics), reply_to=msg)
-
+        return {P.NUM_EXAMPLES: n, **m}, {}, {}
+    metrics: dict[str, Any] = {}
     train_ids = [int(i) for i in config.get(P.TRAIN_IDS, list(models))]
     if config.get(P.SELECT) == "min-loss":
         ids = sorted(models)
-        losses, accs = client.losses([models[i] for i in ids], step)
+        losses, accs = client.losses([models[i] for i in ids], config)
         chosen = ids[min(range(len(ids)), key=lambda j: (losses[j], j))]
         train_ids = [chosen]
         metrics.update({P.CHOSEN: chosen, P.LOSSES: losses, P.ACCURACIES: accs, P.MODEL_IDS: ids})
-
     trained, per_model = {}, {}
     for mid in train_ids:
         weights, n, m = client.fit(models[mid], {**config, "model-id": mid})
         trained[mid] = weights
         per_model[mid] = {P.NUM_EXAMPLES: n, **m}
     metrics[P.NUM_EXAMPLES] = max((v[P.NUM_EXAMPLES] for v in per_model.values()), default=0)
-    return Message(P.reply_content(metrics, trained, per_model), reply_to=msg)
+    return metrics, trained, per_model
 
 
-@app.evaluate()
-def evaluate(msg: Message, context: Context) -> Message:
-    client = make_client(context)
-    config = _config(msg)
-    step = int(config[P.STEP])
-    metrics = _base_metrics(client, step)
+def evaluate(client: StreamClient, config: dict, models: Models):
+    """Test accuracy of the personal model, the one model sent, or the mixture of several."""
     if config.get(P.PERSONAL):
         loss, n, m = client.evaluate(client.personal_weights(), config)
+    elif len(models) == 1:
+        loss, n, m = client.evaluate(next(iter(models.values())), config)
     else:
-        models = P.unpack_models(msg.content)
-        if len(models) == 1:
-            loss, n, m = client.evaluate(next(iter(models.values())), config)
-        else:
-            loss, n, m = client.evaluate_mixture(
-                [models[i] for i in sorted(models)], list(config[P.MIXTURE]), config
-            )
-    metrics.update({P.LOSS: loss, P.NUM_EXAMPLES: n, **m})
-    return Message(P.reply_content(metrics), reply_to=msg)
+        ids = sorted(models)
+        loss, n, m = client.evaluate_mixture([models[i] for i in ids], list(config[P.MIXTURE]), config)
+    return {P.LOSS: loss, P.NUM_EXAMPLES: n, **m}, {}, {}
 
 
-@app.query("info")
-def info(msg: Message, context: Context) -> Message:
-    client = make_client(context)
-    step = int(_config(msg)[P.STEP])
-    x, y = client.train_data(step)
-    metrics = {**_base_metrics(client, step), P.NUM_EXAMPLES: len(y)}
-    return Message(P.reply_content(metrics), reply_to=msg)
+def info(client: StreamClient, config: dict, models: Models):
+    _, y = client.train_data(int(config[P.STEP]))
+    return {P.NUM_EXAMPLES: len(y)}, {}, {}
 
 
-@app.query("losses")
-def losses(msg: Message, context: Context) -> Message:
-    client = make_client(context)
-    step = int(_config(msg)[P.STEP])
-    models = P.unpack_models(msg.content)
+def losses(client: StreamClient, config: dict, models: Models):
     ids = sorted(models)
-    loss, acc = client.losses([models[i] for i in ids], step)
-    metrics = {**_base_metrics(client, step), P.MODEL_IDS: ids, P.LOSSES: loss, P.ACCURACIES: acc}
-    return Message(P.reply_content(metrics), reply_to=msg)
+    loss, acc = client.losses([models[i] for i in ids], config)
+    return {P.MODEL_IDS: ids, P.LOSSES: loss, P.ACCURACIES: acc}, {}, {}
 
 
-@app.query("histogram")
-def histogram(msg: Message, context: Context) -> Message:
-    client = make_client(context)
-    step = int(_config(msg)[P.STEP])
-    hist = client.label_histogram(step)
-    metrics = {**_base_metrics(client, step), P.HISTOGRAM: hist.tolist(), P.NUM_EXAMPLES: int(hist.sum())}
-    return Message(P.reply_content(metrics), reply_to=msg)
+def histogram(client: StreamClient, config: dict, models: Models):
+    hist = client.label_histogram(int(config[P.STEP]))
+    return {P.HISTOGRAM: hist.tolist(), P.NUM_EXAMPLES: int(hist.sum())}, {}, {}
+
+
+app.train()(_wrap(train))
+app.evaluate()(_wrap(evaluate))
+register_query("info", info)
+register_query("losses", losses)
+register_query("histogram", histogram)
+
+# Algorithm families' client-side handlers register themselves on import.
+from .clients import handlers  # noqa: E402,F401  (after register_* exist: they import them)

@@ -30,6 +30,10 @@ TRAIN_IDS = "train-ids"        # models to train (default: every model in the me
 SELECT = "select"              # "min-loss": train only the lowest-loss model (IFCA)
 PERSONAL = "personal"          # train/evaluate the client's own model kept in context.state
 MIXTURE = "mixture-weights"    # evaluate: predict with this weighted mixture of the models sent
+DATA_STEPS = "data-steps"      # train/losses on these time steps' training data instead of the
+                               # window; "data-steps.<model id>" sets it for one model
+TEST_STEP = "test-step"        # evaluate on this step's data (e.g. FedDrift: the next step)
+TEST_SPLIT = "test-split"      # evaluate on that step's "test" split (default) or "train" batch
 
 # metric keys clients reply with
 CLIENT_ID = "client-id"

@@ -117,3 +117,24 @@ def test_registry_create_merge_delete(fast_config):
     assert all(np.allclose(m, e) for m, e in zip(strategy.models[merged], expected))
     strategy.delete_model(merged)
     assert strategy.num_clusters() == 0 and strategy.eval_task(0) is None
+
+
+def test_clients_train_on_the_history_steps_and_test_on_the_step_they_are_told(fast_config):
+    from flwr.app import RecordDict
+
+    from fedcluster_app.clients import StreamClient
+    from fedcluster_app.models import initial_weights
+
+    rc = merge_overrides(default_run_config(), fast_config(window=1))
+    exp = load_experiment(rc)
+    client = StreamClient(2, exp, RecordDict())
+    w = initial_weights(exp.spec, 0)
+    base = {P.ROUND: 5, P.STEP: 3}
+    assert client.fit(w, base)[1] == 100                                    # the window: step 3
+    assert client.fit(w, {**base, P.DATA_STEPS: [1, 2, 3]})[1] == 300
+    assert client.fit(w, {**base, "model-id": 7, f"{P.DATA_STEPS}.7": [2]})[1] == 100
+    x, _ = client.fit_data({**base, f"{P.DATA_STEPS}.7": [2]}, 7)
+    assert np.array_equal(x, exp.scenario.step_data(2, 2).x_train)
+    assert client.evaluate(w, {**base, P.TEST_STEP: 4})[1] == 50            # step 4's test split
+    x, _ = client.eval_data({**base, P.TEST_STEP: 4, P.TEST_SPLIT: "train"})
+    assert np.array_equal(x, exp.scenario.step_data(2, 4).x_train)          # FedDrift's protocol

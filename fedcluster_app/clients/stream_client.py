@@ -49,6 +49,24 @@ class StreamClient(NumPyClient):
         data = self.exp.scenario.step_data(self.client_id, step)
         return data.x_test, data.y_test
 
+    def steps_data(self, steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Training data of the given time steps, concatenated (e.g. a cluster's history)."""
+        if not steps:
+            raise ValueError("no time steps given")
+        parts = [self.exp.scenario.step_data(self.client_id, int(t)) for t in steps]
+        return (np.concatenate([p.x_train for p in parts]), np.concatenate([p.y_train for p in parts]))
+
+    def fit_data(self, config: dict, model_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """What to train or probe on: ``data-steps[.<id>]`` if the server says so, else the window."""
+        steps = config.get(f"{P.DATA_STEPS}.{model_id}", config.get(P.DATA_STEPS))
+        return self.steps_data(list(steps)) if steps else self.train_data(int(config[P.STEP]))
+
+    def eval_data(self, config: dict) -> tuple[np.ndarray, np.ndarray]:
+        step = int(config.get(P.TEST_STEP, config[P.STEP]))
+        if config.get(P.TEST_SPLIT, "test") == "train":
+            return self.steps_data([step])
+        return self.test_data(step)
+
     def concept(self, step: int) -> int:
         return int(self.exp.scenario.concept(self.client_id, step))
 
@@ -63,15 +81,15 @@ class StreamClient(NumPyClient):
 
     # -- NumPyClient ----------------------------------------------------------------------
     def fit(self, parameters, config):
-        step, rnd = int(config[P.STEP]), int(config[P.ROUND])
-        x, y = self.train_data(step)
+        mid = int(config.get("model-id", 0))
+        x, y = self.fit_data(config, mid)
         model = scratch_model(self.exp.spec, parameters)
-        loss = local_train(model, x, y, self.train_config(config), self.rng(rnd, int(config.get("model-id", 0))))
+        loss = local_train(model, x, y, self.train_config(config), self.rng(int(config[P.ROUND]), mid))
         self._count("trained")
         return get_weights(model), len(y), {P.TRAIN_LOSS: loss}
 
     def evaluate(self, parameters, config):
-        x, y = self.test_data(int(config[P.STEP]))
+        x, y = self.eval_data(config)
         loss, acc = evaluate(scratch_model(self.exp.spec, parameters), x, y)
         return loss, len(y), {P.ACCURACY: acc}
 
@@ -80,7 +98,7 @@ class StreamClient(NumPyClient):
         """Test accuracy of the weighted mixture of several models (soft cluster assignments)."""
         if len(weights) != len(models) or min(weights) < 0 or sum(weights) <= 0:
             raise ValueError(f"mixture weights {weights} do not fit {len(models)} models")
-        x, y = self.test_data(int(config[P.STEP]))
+        x, y = self.eval_data(config)
         nets = []
         for w in models:
             net = build_model(self.exp.spec)
@@ -89,9 +107,9 @@ class StreamClient(NumPyClient):
         loss, acc = evaluate_mixture(nets, weights, x, y)
         return loss, len(y), {P.ACCURACY: acc}
 
-    def losses(self, models: list[list[np.ndarray]], step: int) -> tuple[list[float], list[float]]:
-        """Loss and accuracy of every model on the current training window."""
-        x, y = self.train_data(step)
+    def losses(self, models: list[list[np.ndarray]], config: dict) -> tuple[list[float], list[float]]:
+        """Loss and accuracy of every model on the training window (or ``data-steps``)."""
+        x, y = self.fit_data(config, -2)
         pairs = [evaluate(scratch_model(self.exp.spec, w), x, y) for w in models]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 

@@ -47,3 +47,10 @@ __all__ = [
     "staggered_random",
     "sudden",
 ]
+
+# Scenario families in their own modules register themselves on import (register_scenario):
+# -- issue 3: FedDrift
+# -- issue 4: Fielding
+# -- issue 5: FlexCFL
+# -- issue 6: FedRC
+# -- issue 7: FedCCFA

@@ -9,9 +9,15 @@ from .ifca import IFCA
 from .local import Local
 from .oracle import Oracle
 
-STRATEGIES: dict[str, type[ClusteredStrategy]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, IFCA, Oracle, Local)
-}
+_CLASSES: list[type[ClusteredStrategy]] = [FedAvg, FedProx, IFCA, Oracle, Local]
+# Each family adds its classes under its own marker (an import and an _CLASSES.extend line):
+# -- issue 3: FedDrift family and its baselines
+# -- issue 4: Fielding
+# -- issue 5: FlexCFL
+# -- issue 6: FedRC
+# -- issue 7: FedCCFA
+
+STRATEGIES: dict[str, type[ClusteredStrategy]] = {cls.name: cls for cls in _CLASSES}
 
 
 class UnknownStrategy(ValueError):
