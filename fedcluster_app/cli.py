@@ -74,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         summary = run_inprocess(run_config)
     else:
-        from .ray_engine import run_with_flwr
+        from .launcher import run_with_flwr
         from .results import load_run
 
         run_with_flwr(run_config, exp.scenario.num_clients, federation=args.federation)
@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from .datasets import list_scenarios
-    from .ray_engine import load_profiles
+    from .launcher import load_profiles
     from .strategies import list_strategies
 
     sections = []

@@ -1,15 +1,18 @@
-"""Runs an experiment through ``flwr run`` on Ray, waits for it and reports whether it failed.
+"""Runs an experiment through ``flwr run`` (Ray simulation or a deployment) and waits for it.
 
-``flwr run`` exits 0 even when the run fails and leaves the local SuperLink running, so this
-module starts its own SuperLink (simulation mode, runtime dependency installation off, private
-FLWR_HOME and ports), submits the app with the federation profile applied, streams the run's log,
-asks the SuperLink for the final status and stops the SuperLink's whole process group.
+``flwr run`` exits 0 even when the run fails, and leaves the local SuperLink it starts running.
+So for simulation this module starts its own SuperLink (simulation mode, runtime dependency
+installation off, private FLWR_HOME and port) and stops its whole process group afterwards; for
+a deployment it submits to the connection of a profile in ``pyproject-flwr.toml``. Either way it
+streams the run's log, asks the SuperLink for the run's final status, and raises RunFailed
+unless the run completed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -155,18 +158,52 @@ class LocalSimulationSuperLink:
         self._log.close()
 
 
-def run_status(env: dict[str, str], connection: str = "fedcluster") -> tuple[str, str]:
-    """(status, details) of the most recent run on the connection."""
-    out = subprocess.run([_bin("flwr"), "ls", connection, "--format", "json"], env=env,
-                         capture_output=True, text=True, check=False)
+def run_status(env: dict[str, str], run_id: str, connection: str = "fedcluster") -> tuple[str, str]:
+    """(status, details) of run ``run_id`` on the connection."""
+    out = subprocess.run([_bin("flwr"), "ls", connection, "--run-id", run_id, "--format", "json"],
+                         env=env, capture_output=True, text=True, check=False)
     try:
         runs = json.loads(out.stdout).get("runs", [])
     except json.JSONDecodeError:
         return "unknown", out.stdout + out.stderr
-    if not runs:
-        return "unknown", "no run found"
-    last = max(runs, key=lambda r: r.get("created-at", ""))
-    return str(last.get("status", "unknown")), str(last.get("status-details", ""))
+    for run in runs:
+        if str(run.get("run-id")) == run_id:
+            return str(run.get("status", "unknown")), str(run.get("status-details", ""))
+    return "unknown", f"run {run_id} not found"
+
+
+_RUN_ID = re.compile(r"started run (\d+)")
+
+
+def submit_and_wait(
+    run_config: dict[str, ConfigValue],
+    env: dict[str, str],
+    home: Path,
+    connection: str = "fedcluster",
+    federation_config: str | None = None,
+) -> None:
+    """``flwr run`` the staged app on ``connection``, stream its log, raise unless it completed."""
+    app_dir = stage_app(home / "app")
+    rc_file = write_run_config(run_config, home / "run-config.toml")
+    cmd = [_bin("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", str(rc_file)]
+    if federation_config:
+        cmd += ["--federation-config", federation_config]
+    run_id = None
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            match = _RUN_ID.search(line)
+            if match and run_id is None:
+                run_id = match.group(1)
+    if run_id is None:
+        raise RunFailed(f"flwr run did not start a run (exit code {proc.returncode})")
+    status, details = run_status(env, run_id, connection)
+    if proc.returncode != 0 or not status.startswith("finished:completed"):
+        raise RunFailed(f"flwr run ended with status {status!r} (exit code {proc.returncode}): "
+                        f"{details}; SuperLink log and app kept in {home}")
 
 
 def run_with_flwr(
@@ -175,7 +212,7 @@ def run_with_flwr(
     federation: str = "cpu",
     workdir: Path | None = None,
 ) -> None:
-    """Run on Ray via ``flwr run``; raises RunFailed unless the run completed."""
+    """Run in a Ray simulation via ``flwr run``; raises RunFailed unless the run completed."""
     kind, settings = profile(federation)
     if kind != "simulation":
         raise ValueError(f"federation {federation!r} is a deployment; use --engine deployment")
@@ -185,19 +222,28 @@ def run_with_flwr(
                   f"client-resources-num-gpus={float(settings.get('client-resources-num-gpus', 0.0))}")
     # Ray's socket paths must stay short, so the private home lives in /tmp
     home = Path(tempfile.mkdtemp(prefix="fc-", dir=workdir))
-    ok = False
-    try:
-        app_dir = stage_app(home / "app")
-        rc_file = write_run_config(run_config, home / "run-config.toml")
-        with LocalSimulationSuperLink(home) as link:
-            cmd = [_bin("flwr"), "run", str(app_dir), "fedcluster", "--stream",
-                   "--run-config", str(rc_file), "--federation-config", fed_config]
-            proc = subprocess.run(cmd, env=link.env, check=False)
-            status, details = run_status(link.env)
-        if proc.returncode != 0 or not status.startswith("finished:completed"):
-            raise RunFailed(f"flwr run ended with status {status!r} (exit code {proc.returncode}): "
-                            f"{details}; SuperLink log and app kept in {home}")
-        ok = True
-    finally:
-        if ok:
-            shutil.rmtree(home, ignore_errors=True)
+    with LocalSimulationSuperLink(home) as link:
+        submit_and_wait(run_config, link.env, home, federation_config=fed_config)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def run_on_deployment(
+    run_config: dict[str, ConfigValue],
+    connection: dict[str, object] | None = None,
+    federation: str = "local",
+) -> None:
+    """Submit to a running SuperLink (a profile's connection, or ``connection``) and wait."""
+    from .deploy import write_connection
+
+    if connection is None:
+        kind, settings = profile(federation)
+        if kind != "deployment":
+            raise ValueError(f"federation {federation!r} is a simulation profile; use --engine ray")
+        connection = {k: v for k, v in settings.items() if k != "description"}
+        if "root-certificates" in connection:
+            connection["root-certificates"] = str(Path(str(connection["root-certificates"])).resolve())
+    home = Path(tempfile.mkdtemp(prefix="fc-"))
+    env = flwr_env(home)
+    write_connection(Path(env["FLWR_HOME"]), connection)
+    submit_and_wait(run_config, env, home)
+    shutil.rmtree(home, ignore_errors=True)
