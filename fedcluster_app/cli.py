@@ -20,10 +20,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--scenario", help="data and drift scenario (see `fedcluster list`)")
     run.add_argument("--out", help="results directory (run-config key out-dir)")
     run.add_argument("--seed", type=int)
-    run.add_argument("--engine", choices=("inprocess", "ray"), default="inprocess",
-                     help="inprocess: this process, no Ray (fast); ray: `flwr run` simulation")
-    run.add_argument("--federation", default="cpu",
-                     help="simulation profile from pyproject-flwr.toml (with --engine ray)")
+    run.add_argument("--engine", choices=("inprocess", "ray", "deployment"), default="inprocess",
+                     help="inprocess: this process, no Ray (fast); ray: `flwr run` simulation; "
+                          "deployment: `flwr run` on a running SuperLink")
+    run.add_argument("--federation",
+                     help="profile from pyproject-flwr.toml: a simulation one for --engine ray "
+                          "(default cpu), a deployment one for --engine deployment (default local)")
+    run.add_argument("--deployment", type=Path, metavar="DIR",
+                     help="with --engine deployment: submit to the local deployment in DIR "
+                          "(started by `fedcluster deploy up --dir DIR`)")
     run.add_argument("--run-config", type=Path, help="TOML preset of run-config keys")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="any run-config key, repeatable (e.g. --set rounds-per-step=10)")
@@ -33,6 +38,23 @@ def _parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="strategies, scenarios, federations and run-config keys")
     lst.add_argument("what", nargs="?", default="all",
                      choices=("all", "strategies", "scenarios", "federations", "config"))
+
+    dep = sub.add_parser("deploy", help="start/stop a SuperLink + SuperNodes on 127.0.0.1")
+    dep.add_argument("action", choices=("up", "down", "status"))
+    dep.add_argument("--dir", type=Path, default=Path(".fedcluster/deploy"),
+                     help="state, logs, certificates and keys (default .fedcluster/deploy)")
+    dep.add_argument("--nodes", type=int, default=3, help="SuperNodes (client-id 0..N-1)")
+    dep.add_argument("--port", type=int, default=9093, help="the SuperLink's HTTP port")
+    dep.add_argument("--tls", action="store_true", help="TLS with a self-signed CA in DIR/certs")
+    dep.add_argument("--auth", action="store_true",
+                     help="SuperNode authentication: keys in DIR/keys, registered with the SuperLink")
+    dep.add_argument("--data-dir", help="node-config data-dir of every SuperNode (local data)")
+
+    cert = sub.add_parser("certs", help="make a self-signed CA and a server certificate")
+    cert.add_argument("dir", type=Path)
+    cert.add_argument("--host", action="append", default=[],
+                      help="server name or IP in the certificate (repeatable; default 127.0.0.1 "
+                           "and localhost)")
 
     rep = sub.add_parser("report", help="compare finished runs: a table and a plot")
     rep.add_argument("dirs", nargs="+", type=Path)
@@ -74,10 +96,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         summary = run_inprocess(run_config)
     else:
-        from .launcher import run_with_flwr
+        from .launcher import run_on_deployment, run_with_flwr
         from .results import load_run
 
-        run_with_flwr(run_config, exp.scenario.num_clients, federation=args.federation)
+        if args.engine == "ray":
+            run_with_flwr(run_config, exp.scenario.num_clients, federation=args.federation or "cpu")
+        elif args.deployment:
+            from .deploy import LocalDeployment
+
+            run_on_deployment(run_config, LocalDeployment.load(args.deployment).connection())
+        else:
+            run_on_deployment(run_config, federation=args.federation or "local")
         summary, _ = load_run(run_config["out-dir"])
     print(f"{summary['strategy']} on {summary['scenario']} (seed {summary['seed']}): "
           f"mean accuracy {summary['mean_accuracy']:.4f}, final {summary['final_accuracy']:.4f}, "
@@ -111,6 +140,37 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from .deploy import LocalDeployment
+
+    if args.action == "up":
+        configs = [{"client-id": i, **({"data-dir": args.data_dir} if args.data_dir else {})}
+                   for i in range(args.nodes)]
+        dep = LocalDeployment(args.dir, tls=args.tls, auth=args.auth, port=args.port,
+                              node_configs=configs).up()
+        print(f"SuperLink on {dep.address} ({'TLS' if dep.tls else 'insecure'}"
+              f"{', SuperNode auth' if dep.auth else ''}), {dep.num_nodes} SuperNodes online; "
+              f"logs in {dep.dir}.\nRun with: fedcluster run --engine deployment --deployment "
+              f"{args.dir} --set num-clients={dep.num_nodes}\nStop with: fedcluster deploy down "
+              f"--dir {args.dir}")
+    elif args.action == "down":
+        LocalDeployment.load(args.dir).down()
+        print(f"stopped the deployment in {args.dir}")
+    else:
+        dep = LocalDeployment.load(args.dir)
+        print(f"SuperLink {dep.address}: {dep.online_nodes()} SuperNodes online; processes "
+              f"{dep.pids}")
+    return 0
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from .deploy import make_certificates
+
+    files = make_certificates(args.dir, tuple(args.host) or ("127.0.0.1", "localhost"))
+    print("\n".join(f"{name}: {path}" for name, path in files.items()))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from .results import compare_runs
 
@@ -124,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.getLogger("flwr").setLevel(logging.INFO)
     try:
-        return {"run": cmd_run, "list": cmd_list, "report": cmd_report}[args.command](args)
+        commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report,
+                    "deploy": cmd_deploy, "certs": cmd_certs}
+        return commands[args.command](args)
     except (ConfigError, ValueError, FileNotFoundError) as ex:
         print(f"fedcluster: error: {ex}", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ file.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,15 @@ def logical_client_id(context: Context) -> int:
 
 
 def make_client(context: Context) -> StreamClient:
-    return StreamClient(logical_client_id(context), load_experiment(context.run_config), context.state)
+    """This node's client. A SuperNode's ``data-dir`` node-config key (its local data) takes
+    precedence over the run config's."""
+    run_config = context.run_config
+    data_dir = context.node_config.get("data-dir")
+    if data_dir:
+        if not Path(str(data_dir)).is_dir():
+            raise FileNotFoundError(f"node-config data-dir {data_dir!r} is not a directory")
+        run_config = {**run_config, "data-dir": str(data_dir)}
+    return StreamClient(logical_client_id(context), load_experiment(run_config), context.state)
 
 
 def _config(msg: Message) -> dict:

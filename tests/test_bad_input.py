@@ -13,6 +13,7 @@ from fedcluster_app.client_app import app as client_app
 from fedcluster_app.config import ConfigError
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.results import load_run
+from fedcluster_app.strategies import STRATEGIES
 
 
 class CountingApp:
@@ -27,7 +28,7 @@ class CountingApp:
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        ({"strategy": "no-such-algo"}, "valid strategies: fedavg, fedprox, ifca, local, oracle"),
+        ({"strategy": "no-such-algo"}, "valid strategies: " + ", ".join(sorted(STRATEGIES))),
         ({"scenario": "no-such-data"}, "circle2"),
         ({"lr": -0.1}, "lr must be a positive"),
         ({"num-clusters": 0}, "num-clusters (K) must be >= 1"),
@@ -92,3 +93,27 @@ def test_bad_replies_are_rejected_and_the_run_goes_on(fast_config, strategy):
     assert all(r["evaluated_clients"] == 10 for r in rounds)
     assert summary["failures"] == 36
     assert summary["mean_accuracy"] > 0.4                  # the bad updates never reached a model
+
+
+def test_nodes_without_or_with_a_taken_client_id_are_refused_and_the_run_goes_on(fast_config, caplog):
+    from fedcluster_app.config import default_run_config, merge_overrides
+    from fedcluster_app.engine import InProcessGrid
+    from fedcluster_app.server_app import run_server
+
+    def node_config(i):
+        if i == 10:
+            return {}                          # a SuperNode started without client-id
+        if i == 11:
+            return {"client-id": 4}            # claims an id another live node holds
+        return {"client-id": i}
+
+    rc = merge_overrides(default_run_config(), fast_config(strategy="fedavg"))
+    grid = InProcessGrid(rc, 12, node_config=node_config)
+    caplog.set_level("INFO", logger="flwr")
+    summary = run_server(grid, rc)
+    _, rounds = load_run(Path(summary["out_dir"]))
+    assert summary["status"] == "completed"
+    assert all(r["evaluated_clients"] == 10 and r["failures"] == 0 for r in rounds)
+    text = caplog.text
+    assert "could not identify itself" in text and "client-id" in text
+    assert "client id 4 is already held by node" in text

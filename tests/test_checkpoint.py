@@ -57,3 +57,20 @@ def test_checkpoint_holds_models_and_assignments(fast_config, tmp_path):
 def test_resume_from_a_missing_checkpoint_is_a_clear_error(fast_config, tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         run_inprocess(fast_config(resume_from=str(tmp_path / "nothing-here")))
+
+
+def test_a_foreign_or_corrupt_checkpoint_is_refused_and_left_untouched(fast_config, tmp_path):
+    summary = run_inprocess(fast_config(strategy="ifca"))
+    ckpt = Path(summary["out_dir"]) / "checkpoint.npz"
+    original = ckpt.read_bytes()
+    with pytest.raises(ValueError, match="strategy = 'ifca'; this run has strategy = 'fedavg'"):
+        run_inprocess(fast_config(strategy="fedavg", resume_from=str(ckpt), out_dir=str(tmp_path / "a")))
+    with pytest.raises(ValueError, match="scenario = 'mixture-swap'; this run has scenario = 'mixture-prior'"):
+        run_inprocess(fast_config(strategy="ifca", scenario="mixture-prior", resume_from=str(ckpt),
+                                  out_dir=str(tmp_path / "b")))
+    corrupt = tmp_path / "corrupt.npz"
+    corrupt.write_bytes(original[: len(original) // 2])
+    with pytest.raises(ValueError, match="corrupt"):
+        run_inprocess(fast_config(strategy="ifca", resume_from=str(corrupt), out_dir=str(tmp_path / "c")))
+    assert ckpt.read_bytes() == original
+    assert corrupt.read_bytes() == original[: len(original) // 2]

@@ -12,6 +12,8 @@ from fedcluster_app.engine import run_inprocess
 from fedcluster_app.results import load_run
 from fedcluster_app.strategies import STRATEGIES
 
+FOUNDATION = ("fedavg", "fedprox", "ifca", "oracle", "local")
+
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_runs_end_to_end(strategy, fast_config):
@@ -20,9 +22,13 @@ def test_every_strategy_runs_end_to_end(strategy, fast_config):
     out = Path(cfg["out-dir"])
     disk, rounds = load_run(out)
     assert disk["strategy"] == strategy and disk["status"] == "completed"
-    assert len(rounds) == 12 == summary["rounds"]           # 6 steps x 2 rounds
-    assert [r["time_step"] for r in rounds] == [s for s in range(1, 7) for _ in range(2)]
-    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rounds)
+    assert len(rounds) == summary["rounds"] > 0
+    steps = [r["time_step"] for r in rounds]
+    assert steps == sorted(steps) and steps[-1] <= 6
+    if strategy in FOUNDATION:  # families with their own time-step protocol differ here
+        assert len(rounds) == 12 and steps == [s for s in range(1, 7) for _ in range(2)]
+    assert all(r["accuracy"] is None or 0.0 <= r["accuracy"] <= 1.0 for r in rounds)
+    assert any(r["accuracy"] is not None for r in rounds)
     assert all(r["failures"] == 0 for r in rounds)
     assert disk["ari_final"] is not None
     assert (out / "checkpoint.npz").is_file()

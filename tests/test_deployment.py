@@ -1,0 +1,80 @@
+"""A real SuperLink and SuperNodes on 127.0.0.1 (slow: every deployed message starts a process)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedcluster_app.config import default_run_config, merge_overrides
+from fedcluster_app.deploy import LocalDeployment, make_node_keys
+from fedcluster_app.launcher import run_on_deployment
+from fedcluster_app.results import load_run
+
+pytestmark = pytest.mark.slow
+
+
+def small_run(out: Path, **extra) -> dict:
+    return merge_overrides(default_run_config(), {
+        "strategy": "ifca", "scenario": "mixture-swap", "num-clients": 3, "num-steps": 3,
+        "rounds-per-step": 1, "local-steps": 5, "samples-per-step": 100, "test-samples": 50,
+        "out-dir": str(out), "round-timeout": 30.0, "node-wait-s": 60.0, **extra})
+
+
+def checkpoint_clients(out: Path) -> dict[int, dict]:
+    with np.load(out / "checkpoint.npz") as data:
+        meta = json.loads(bytes(data["__meta__"]).decode())
+    return {c["cid"]: c for c in meta["clients"]}
+
+
+def test_three_supernodes_run_a_clustered_strategy(tmp_path):
+    with LocalDeployment(tmp_path / "dep", num_nodes=3) as dep:
+        run_on_deployment(small_run(tmp_path / "out"), dep.connection())
+    summary, rounds = load_run(tmp_path / "out")
+    assert summary["status"] == "completed" and len(rounds) == 3
+    assert all(r["evaluated_clients"] == 3 and r["failures"] == 0 for r in rounds)
+    assert rounds[-1]["ari"] == 1.0 and rounds[-1]["drifted_clients"] == 1   # client 0 drifts
+    assert sorted(checkpoint_clients(tmp_path / "out")) == [0, 1, 2]
+
+
+def test_tls_and_supernode_authentication_refuse_an_unregistered_node(tmp_path):
+    with LocalDeployment(tmp_path / "dep", num_nodes=2, tls=True, auth=True) as dep:
+        stranger, _ = make_node_keys(tmp_path / "stranger", "key")   # never registered
+        dep.node_configs.append({"client-id": 2})
+        dep.start_node(2, key=stranger)
+        time.sleep(8)
+        assert dep.online_nodes() == 2                                  # it was refused
+        run_on_deployment(small_run(tmp_path / "out", **{"num-clients": 2, "node-wait-s": 5.0}),
+                          dep.connection())
+    summary, rounds = load_run(tmp_path / "out")
+    assert summary["status"] == "completed" and {r["evaluated_clients"] for r in rounds} == {2}
+    log = (tmp_path / "dep" / "node2.log").read_text().lower()
+    assert "auth" in log or "denied" in log or "unauthenticated" in log or "permission" in log
+
+
+def test_a_supernode_that_dies_and_comes_back_keeps_its_cluster(tmp_path):
+    out = tmp_path / "out"
+    with LocalDeployment(tmp_path / "dep", num_nodes=3) as dep:
+        cfg = small_run(out, **{"num-steps": 6, "checkpoint-every": 1})
+        runner = threading.Thread(target=run_on_deployment, args=(cfg, dep.connection()))
+        runner.start()
+        while not (out / "checkpoint.npz").is_file():   # round 1 done
+            time.sleep(0.5)
+        before = checkpoint_clients(out)[1]["cluster"]
+        dep.stop_node(1)
+        time.sleep(2)
+        dep.start_node(1)                                # same client-id, new Flower node id
+        runner.join(timeout=900)
+        assert not runner.is_alive()
+    summary, rounds = load_run(out)
+    clients = checkpoint_clients(out)
+    assert summary["status"] == "completed" and len(rounds) == 6
+    assert sorted(clients) == [0, 1, 2]                  # matched by client-id, not duplicated
+    assert clients[1]["failures"] >= 1 and clients[1]["last_round"] == 6
+    assert any(1 in r["failed_clients"] for r in rounds)  # who missed a round is recorded
+    assert clients[1]["cluster"] == before               # client 1 never drifts: same cluster
+    assert rounds[-1]["evaluated_clients"] == 3
