@@ -56,7 +56,8 @@ def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
     summary = recorder.finish(
         plot=cfg.plot,
         extra={"wall_time_s": time.monotonic() - t0, "out_dir": str(out_dir),
-               "num_clients": exp.scenario.num_clients, "num_steps": exp.scenario.num_steps},
+               "num_clients": exp.scenario.num_clients, "num_steps": exp.scenario.num_steps,
+               **strategy.summary_extra()},
     )
     log(INFO, "fedcluster: done: mean accuracy %.4f, final %.4f; summary in %s",
         summary["mean_accuracy"] or 0.0, summary["final_accuracy"] or 0.0, out_dir / "summary.json")

@@ -112,6 +112,8 @@ class ClusteredStrategy(Strategy):
         self.clients: dict[int, ClientRecord] = {}
         self.round = 0
         self._node_to_cid: dict[int, int] = {}
+        self._unidentifiable: set[int] = set()      # nodes without a usable client-id
+        self._refused_duplicates: set[int] = set()  # nodes claiming a client id held by a live node
         self._truth: dict[int, dict[int, int]] = {}  # cid -> step -> concept (metrics, Oracle)
         self._round_stats = self._fresh_stats()
         self._shapes = weight_shapes(experiment.spec)
@@ -217,6 +219,10 @@ class ClusteredStrategy(Strategy):
         """Strategy-specific keys added to this round's metrics.jsonl line."""
         return {}
 
+    def summary_extra(self) -> dict[str, Any]:
+        """Strategy-specific run-level keys added to summary.json (default: none)."""
+        return {}
+
     def strategy_state(self) -> dict[str, Any]:
         """Extra JSON-able state a subclass must checkpoint."""
         return {}
@@ -298,6 +304,7 @@ class ClusteredStrategy(Strategy):
     def _fail(self, cid: int, reason: str) -> None:
         self.clients[cid].failures += 1
         self._round_stats["failures"] += 1
+        self._round_stats["failed_clients"].append(cid)
         log(WARNING, "round %d: client %d: %s", self.round, cid, reason)
 
     def _validate(self, msg: Message, cid: int, task: Task) -> Reply:
@@ -339,7 +346,8 @@ class ClusteredStrategy(Strategy):
     # ------------------------------------------------------------------ clients
     def discover(self, grid: Grid) -> list[int]:
         """Ask nodes we have not seen for their logical id; returns newly known client ids."""
-        unknown = [n for n in grid.get_node_ids() if n not in self._node_to_cid]
+        unknown = [n for n in grid.get_node_ids()
+                   if n not in self._node_to_cid and n not in self._unidentifiable]
         if not unknown:
             return []
         step = self.exp.time_step(max(self.round, 1))
@@ -353,13 +361,22 @@ class ClusteredStrategy(Strategy):
             node = msg.metadata.src_node_id
             if msg.has_error() or P.METRICS not in msg.content.metric_records:
                 reason = msg.error.reason if msg.has_error() else "no metrics"
-                log(ERROR, "node %d could not identify itself: %s", node, reason)
+                log(ERROR, "node %d refused: it could not identify itself (%s); set the node-config "
+                    "key client-id", node, reason)
+                self._unidentifiable.add(node)
                 continue
             cid = int(msg.content.metric_records[P.METRICS][P.CLIENT_ID])
             rec = self.clients.get(cid)
-            if rec is not None and rec.node_id is not None and rec.node_id in grid.get_node_ids() and rec.node_id != node:
-                log(ERROR, "node %d claims client id %d, already held by node %d: refused", node, cid, rec.node_id)
+            if rec is not None and rec.node_id not in (None, node) and self._holder_alive(rec):
+                if node not in self._refused_duplicates:
+                    log(ERROR, "node %d refused: client id %d is already held by node %d, which is "
+                        "still answering", node, cid, rec.node_id)
+                    self._refused_duplicates.add(node)
                 continue
+            if rec is not None and rec.node_id not in (None, node):
+                log(INFO, "client %d is back on node %d (was node %d); it keeps cluster %s",
+                    cid, node, rec.node_id, rec.cluster)
+                self._node_to_cid.pop(rec.node_id, None)
             self._node_to_cid[node] = cid
             if rec is None:
                 rec = self.clients[cid] = ClientRecord(cid)
@@ -367,6 +384,10 @@ class ClusteredStrategy(Strategy):
             rec.node_id = node
             rec.num_examples = int(msg.content.metric_records[P.METRICS].get(P.NUM_EXAMPLES, 0))
         return sorted(new)
+
+    def _holder_alive(self, rec: ClientRecord) -> bool:
+        """A node holding a client id counts as alive while it has not missed a round."""
+        return rec.last_round >= self.round - 1 and rec.cid not in self._round_stats["failed_clients"]
 
     def wait_for_nodes(self, grid: Grid) -> None:
         wanted = self.cfg.min_nodes or self.exp.scenario.num_clients
@@ -414,9 +435,8 @@ class ClusteredStrategy(Strategy):
             t_round = time.monotonic()
             step = self.exp.time_step(rnd)
             new_step = rnd == 1 or self.exp.time_step(rnd - 1) != step
-            if new_step:
-                for cid in self.discover(grid):
-                    self.on_new_client(cid)
+            for cid in self.discover(grid):   # newcomers, and returning clients' new node ids
+                self.on_new_client(cid)
             self.before_round(grid, step, new_step)
             plan = {cid: t for cid, t in self.plan_train(step).items() if cid in self.clients}
             replies = self.exchange(grid, P.TRAIN, plan)
@@ -473,13 +493,17 @@ class ClusteredStrategy(Strategy):
         return out
 
     @staticmethod
-    def _fresh_stats() -> dict[str, int]:
-        return {"bytes_up": 0, "bytes_down": 0, "failures": 0}
+    def _fresh_stats() -> dict[str, Any]:
+        # failed_clients: who missed or failed a message this round (a query phase goes on
+        # with the others; this records who did not answer)
+        return {"bytes_up": 0, "bytes_down": 0, "failures": 0, "failed_clients": []}
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         meta = {
             "strategy": self.name,
+            "scenario": self.exp.scenario.name,
+            "num_clients": self.exp.scenario.num_clients,
             "round": self.round,
             "next_model_id": self.next_model_id,
             "model_birth": {str(k): v for k, v in self.model_birth.items()},
@@ -493,8 +517,11 @@ class ClusteredStrategy(Strategy):
         return meta, arrays
 
     def load_state_dict(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        if meta["strategy"] != self.name:
-            raise ValueError(f"checkpoint is of strategy {meta['strategy']!r}, not {self.name!r}")
+        for key, mine in (("strategy", self.name), ("scenario", self.exp.scenario.name),
+                          ("num_clients", self.exp.scenario.num_clients)):
+            if meta.get(key) != mine:
+                raise ValueError(f"the checkpoint is from a run with {key} = {meta.get(key)!r}; "
+                                 f"this run has {key} = {mine!r}")
         self.round = int(meta["round"])
         self.next_model_id = int(meta["next_model_id"])
         self.model_birth = {int(k): int(v) for k, v in meta["model_birth"].items()}
@@ -521,10 +548,17 @@ class ClusteredStrategy(Strategy):
             path = path / CHECKPOINT_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no checkpoint at {path}")
-        with np.load(path) as data:
-            meta = json.loads(bytes(data["__meta__"]).decode())
-            arrays = {k: data[k] for k in data.files if k != "__meta__"}
-        self.load_state_dict(meta, arrays)
+        try:
+            with np.load(path) as data:
+                meta = json.loads(bytes(data["__meta__"]).decode())
+                arrays = {k: data[k] for k in data.files if k != "__meta__"}
+        except Exception as ex:  # zip, json or key errors: all mean the file is unusable
+            raise ValueError(f"checkpoint {path} is corrupt or not a fedcluster checkpoint: "
+                             f"{type(ex).__name__}: {ex}") from None
+        try:
+            self.load_state_dict(meta, arrays)
+        except KeyError as ex:
+            raise ValueError(f"checkpoint {path} is incomplete: missing {ex}") from None
 
 
 def _keys_to_str(d: dict[int, float] | None) -> dict[str, float] | None:
