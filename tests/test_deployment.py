@@ -22,7 +22,7 @@ def small_run(out: Path, **extra) -> dict:
     return merge_overrides(default_run_config(), {
         "strategy": "ifca", "scenario": "mixture-swap", "num-clients": 3, "num-steps": 3,
         "rounds-per-step": 1, "local-steps": 5, "samples-per-step": 100, "test-samples": 50,
-        "out-dir": str(out), "round-timeout": 30.0, "node-wait-s": 60.0, **extra})
+        "out-dir": str(out), "round-timeout": 240.0, "node-wait-s": 60.0, **extra})
 
 
 def checkpoint_clients(out: Path) -> dict[int, dict]:
