@@ -88,7 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .strategies import strategy_class
 
     run_config = merge_overrides(default_run_config(), _overrides(args))
-    exp = load_experiment(run_config)          # bad config fails here, before anything starts
+    # bad config fails here, before anything starts (a deployment's data live on its devices)
+    exp = load_experiment(run_config, server=args.engine == "deployment")
     strategy_class(exp.cfg.strategy)
     run_config["out-dir"] = str(resolve_out_dir(run_config))
     if args.engine == "inprocess":

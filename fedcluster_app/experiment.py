@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from .config import ConfigValue, RunConfig, parse_run_config
 from .datasets import Scenario, build_scenario
+from .datasets.scenarios import METADATA_ONLY
 from .models import ModelSpec
 
 
@@ -31,13 +33,20 @@ def model_spec(cfg: RunConfig, scenario: Scenario) -> ModelSpec:
     return ModelSpec(kind, tuple(scenario.input_shape), scenario.num_classes, hidden)
 
 
-def load_experiment(run_config: dict[str, ConfigValue]) -> Experiment:
-    """Cached: the ClientApp calls this for every message."""
-    return _load(tuple(sorted(run_config.items())))
+def load_experiment(run_config: dict[str, ConfigValue], server: bool = False) -> Experiment:
+    """Cached: the ClientApp calls this for every message.
+
+    ``server=True``: the server needs only the scenario's metadata, so when the data directory
+    is not on this machine (a deployment whose devices hold the data) it does without it.
+    """
+    return _load(tuple(sorted(run_config.items())), server)
 
 
 @lru_cache(maxsize=16)
-def _load(items: tuple[tuple[str, ConfigValue], ...]) -> Experiment:
+def _load(items: tuple[tuple[str, ConfigValue], ...], server: bool) -> Experiment:
     cfg = parse_run_config(dict(items))
-    scenario = build_scenario(cfg.scenario, **cfg.scenario_kwargs())
+    kwargs = cfg.scenario_kwargs()
+    if server and not (kwargs["data_dir"] and Path(str(kwargs["data_dir"])).is_dir()):
+        kwargs["data_dir"] = METADATA_ONLY
+    scenario = build_scenario(cfg.scenario, **kwargs)
     return Experiment(cfg, scenario, model_spec(cfg, scenario))

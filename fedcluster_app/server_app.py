@@ -33,7 +33,7 @@ def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
     writes summary.json with status "failed" before the exception propagates.
     """
     t0 = time.monotonic()
-    exp = load_experiment(run_config)
+    exp = load_experiment(run_config, server=True)
     strategy = build_strategy(exp)
     cfg = exp.cfg
     out_dir = resolve_out_dir(cfg.raw)

@@ -168,3 +168,17 @@ def test_other_image_scenarios_on_tiny_files(data_root):
 def test_scenario_with_missing_data_dir(tmp_path):
     with pytest.raises(FileNotFoundError, match="MNIST"):
         build_scenario("mnist-static", data_dir=str(tmp_path / "absent"))
+
+
+def test_server_side_experiment_needs_no_data_files(tmp_path):
+    """In a deployment the devices hold the images; the server builds only the metadata."""
+    from fedcluster_app.config import default_run_config, merge_overrides
+    from fedcluster_app.experiment import load_experiment
+
+    rc = merge_overrides(default_run_config(), {"scenario": "mnist-swap", "data-dir": ""})
+    with pytest.raises(ValueError, match="data-dir"):
+        load_experiment(rc)                                  # a client must have its data
+    exp = load_experiment(rc, server=True)
+    assert exp.scenario.num_clients == 10 and exp.spec.input_shape == (1, 28, 28)
+    with pytest.raises(RuntimeError, match="data live on the clients"):
+        exp.scenario.step_data(0, 1)

@@ -106,6 +106,8 @@ TAG_PRIOR = 2  # per-client constants use step 0
 
 #: Valid ``drift_pattern`` values ("" = the scenario's own schedule).
 DRIFT_PATTERNS = ("none", "sudden", "incremental", "recurring", "staggered")
+# data_dir value for a scenario's metadata without its files (the server of a deployment)
+METADATA_ONLY = "<metadata-only>"
 _PATTERN_ALIASES = {"reoccurring": "recurring", "static": "none"}
 
 # mixture defaults
@@ -573,7 +575,9 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
         kind, ref = _resolve_schedule_source(schedule)
         schedule = ref if kind == "file" else f"bundled:{ref}"
     data_dir = str(data_dir).strip()
-    if d.needs_data_dir:
+    if d.needs_data_dir and data_dir == METADATA_ONLY:
+        pass  # the server of a deployment: the data live on the devices
+    elif d.needs_data_dir:
         if not data_dir:
             raise ValueError(
                 f"scenario {key} reads {d.data} from a local directory: set the run-config key "
@@ -674,9 +678,13 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
             from .loaders import IMAGE_DATASETS, _check_files
 
             input_shape, model, hidden = IMAGE_DATASETS[d.data][1], "cnn", 0
-            _check_files(d.data, Path(data_dir))  # fail early; the pools load lazily
+            if data_dir != METADATA_ONLY:
+                _check_files(d.data, Path(data_dir))  # fail early; the pools load lazily
 
             def factory(concepts=concepts, priors=priors):
+                if data_dir == METADATA_ONLY:
+                    raise RuntimeError(f"scenario {name} was built without its data (on the "
+                                       f"server of a deployment); its data live on the clients")
                 return ClassRealisation(ImageSource(*torchvision_pools(d.data, data_dir)),
                                         concepts, priors)
     return Scenario(
