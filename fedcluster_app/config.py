@@ -15,12 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# In a checkout (and in the app bundle `flwr run` installs) the defaults come from the project's
-# pyproject.toml; a wheel install carries a copy of it inside the package.
-_DEFAULTS_FILES = (
-    Path(__file__).resolve().parent.parent / "pyproject.toml",
-    Path(__file__).resolve().parent / "_pyproject.toml",
-)
+from .project_files import project_file
+
 ConfigValue = bool | int | float | str
 
 
@@ -30,12 +26,9 @@ class ConfigError(ValueError):
 
 def default_run_config() -> dict[str, ConfigValue]:
     """The run-config keys and defaults declared in ``pyproject.toml``."""
-    for path in _DEFAULTS_FILES:
-        if path.is_file():
-            with path.open("rb") as fh:
-                data = tomllib.load(fh)
-            return _flatten(data["tool"]["flwr"]["app"]["config"])
-    raise FileNotFoundError(f"no run-config defaults found at {[str(p) for p in _DEFAULTS_FILES]}")
+    with project_file("pyproject.toml").open("rb") as fh:
+        data = tomllib.load(fh)
+    return _flatten(data["tool"]["flwr"]["app"]["config"])
 
 
 def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, ConfigValue]:

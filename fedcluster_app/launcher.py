@@ -24,21 +24,13 @@ import tomllib
 from pathlib import Path
 
 from .config import ConfigValue
+from .project_files import PACKAGE_DIR, project_file
 
-PACKAGE_DIR = Path(__file__).resolve().parent
 FLWR_PROFILES_FILE = "pyproject-flwr.toml"
 
 
 class RunFailed(RuntimeError):
     pass
-
-
-def project_file(name: str) -> Path:
-    """A file at the project root (checkout) or its copy inside the installed package."""
-    for path in (PACKAGE_DIR.parent / name, PACKAGE_DIR / f"_{name.replace('-', '_')}"):
-        if path.is_file():
-            return path
-    raise FileNotFoundError(f"{name} not found next to {PACKAGE_DIR}")
 
 
 def load_profiles() -> dict[str, dict[str, dict]]:
