@@ -20,6 +20,7 @@ from fedcluster_app.datasets import (
     bundled_schedule_names,
     incremental,
     list_scenarios,
+    scenario_names,
     load_cp,
     recurring,
     staggered_random,
@@ -132,7 +133,8 @@ def test_staggered_random():
 def test_list_scenarios_and_names():
     listed = list_scenarios()
     names = [n for n, _ in listed]
-    assert names == sorted(names) == list(SCENARIO_NAMES)
+    assert names == sorted(names) == list(scenario_names())
+    assert set(SCENARIO_NAMES) <= set(names)      # built-ins, plus the registered families
     required = {"circle2", "sine2", "sea2", "sea4", "mixture-swap", "mixture-prior"}
     for fam in ("digits", "mnist", "fmnist", "cifar10"):
         required |= {f"{fam}-static", f"{fam}-swap", f"{fam}-rotate", f"{fam}-noise"}

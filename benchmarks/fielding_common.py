@@ -1,0 +1,74 @@
+"""Shared helpers of the Fielding benchmarks: run a configuration in-process, windows of mean
+accuracy, time-to-target-accuracy in rounds and in simulated time.
+
+Time-to-target (fielding.md 4.4, ambiguity 13): the first round after which a run's mean client
+accuracy never drops below the target again; the target defaults to the final accuracy of the
+global model (FedAvg/FedProx). Simulated time uses a simple cost model (ambiguity 12): clients
+train in parallel, so a round costs one participant's model download + upload
+(bytes_up / trained_clients of the round, twice) over ``bandwidth`` bytes/s, plus ``local-steps``
+SGD steps of ``step_s`` seconds, plus Fielding's drift reports (4 bytes per reported coordinate,
+``fielding_report_bytes`` per round, spread over the clients that reported).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+
+from fedcluster_app.engine import run_inprocess  # noqa: E402
+from fedcluster_app.results import load_run  # noqa: E402
+
+OUT = Path(os.environ.get("FIELDING_BENCH_OUT", "/tmp/fielding-bench"))
+
+
+def run(strategy: str, scenario: str, seed: int, **overrides) -> tuple[dict, list[dict], float]:
+    tag = "-".join(f"{k}={v}" for k, v in sorted(overrides.items()) if k.startswith("fielding.")
+                   or k.startswith("auxo."))
+    out = OUT / f"{scenario}-{strategy}-s{seed}{'-' + tag if tag else ''}"
+    cfg = {"strategy": strategy, "scenario": scenario, "seed": seed, "out-dir": str(out),
+           "progress": False, "plot": False, **overrides}
+    t0 = time.perf_counter()
+    summary = run_inprocess(cfg)
+    return summary, load_run(out)[1], time.perf_counter() - t0
+
+
+def window(rounds: list[dict], first: int, last: int) -> float:
+    """Mean accuracy over rounds first..last (1-based, inclusive)."""
+    return float(np.mean([r["accuracy"] for r in rounds if first <= r["round"] <= last]))
+
+
+def rounds_to_target(rounds: list[dict], target: float) -> int | None:
+    """First round after which the accuracy stays >= target; None if it never does."""
+    acc = [r["accuracy"] for r in rounds]
+    for i in range(len(acc)):
+        if all(a >= target for a in acc[i:]):
+            return rounds[i]["round"]
+    return None
+
+
+def round_seconds(r: dict, local_steps: int, step_s: float, bandwidth: float) -> float:
+    trained = max(int(r.get("trained_clients", 0)), 1)
+    model = r["bytes_up"] / trained
+    reports = r.get("fielding_report_bytes", 0) / max(int(r.get("fielding_drifted", 0) or 0), 1)
+    return local_steps * step_s + (2 * model + reports) / bandwidth
+
+
+def time_to_target(rounds: list[dict], target: float, local_steps: int, step_s: float = 0.05,
+                   bandwidth: float = 1e6) -> float | None:
+    r_hit = rounds_to_target(rounds, target)
+    if r_hit is None:
+        return None
+    return float(sum(round_seconds(r, local_steps, step_s, bandwidth) for r in rounds
+                     if r["round"] <= r_hit))
+
+
+def fmt(x, nd=3) -> str:
+    return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
