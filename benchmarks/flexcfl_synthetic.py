@@ -1,0 +1,164 @@
+"""FlexCFL spec section 8.1 on Synthetic(1,1) + MCLR, and the communication of each method.
+
+Runs every (scenario, method, data seed) in-process with presets/flexcfl-synthetic.toml, reads
+``weighted_accuracy`` (correct / test samples, spec 2.10) from each run's metrics.jsonl for the
+rounds after the round-robin phase (round > N/K), and prints per run the max and the mean of the
+last 10 rounds, the migrations, and the models sent down and up (training and query messages;
+evaluation excluded) with their ratio to FedAvg (``flexcfl-fedavg``: same selection). It then
+checks the spec's pass criteria (i)-(iii). Results also go to ``--json``.
+
+    python benchmarks/flexcfl_synthetic.py --seeds 1 2 3 4 --rounds 50 --epochs 2 \\
+        --methods flexcfl-fedavg fedgroup flexcfl --scenarios synthetic-1-1 synthetic-1-1-swap
+    python benchmarks/flexcfl_synthetic.py --seeds 1 --rounds 50 --epochs 2 \\
+        --methods flexcfl-ifca fesem --scenarios synthetic-1-1-swap
+    python benchmarks/flexcfl_synthetic.py --scenarios digits-pairs digits-pairs-swap \\
+        --rounds 60 --epochs 5 --k 10 --set lr=0.05   # spec 8.2 (smoke)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import tomllib
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRESET = ROOT / "presets" / "flexcfl-synthetic.toml"
+
+
+def one_run(args: tuple) -> dict:
+    scenario, method, seed, rounds, epochs, k, out, reuse, extra = args
+    from fedcluster_app.config import parse_assignment
+    from fedcluster_app.engine import run_inprocess
+
+    cfg = tomllib.loads(PRESET.read_text())
+    cfg.update({"scenario": scenario, "strategy": method, "data-seed": seed, "seed": 0,
+                "num-steps": rounds, "local-epochs": epochs, "progress": False, "plot": False,
+                "out-dir": str(Path(out) / f"{method}-{scenario}-d{seed}")})
+    for table in ("flexcfl", "fedgroup", "fesem", "flexcfl-ifca", "flexcfl-fedavg"):
+        cfg[f"{table}.clients-per-round"] = k
+    cfg.update(dict(parse_assignment(x) for x in extra))
+    out_dir = Path(cfg["out-dir"])
+    t0 = time.time()
+    if not (reuse and (out_dir / "summary.json").is_file()):
+        run_inprocess(cfg)
+    return summarize(scenario, method, seed, k, out_dir, time.time() - t0)
+
+
+def summarize(scenario: str, method: str, seed: int, k: int, out_dir: Path, wall: float) -> dict:
+    from fedcluster_app.results import load_run
+
+    summary, recs = load_run(out_dir)
+    cfg = summary["config"]
+    n_clients = int(summary.get("num_clients") or 100)
+    first = -(-n_clients // k)                 # rounds 1..N/K are the round-robin phase
+    acc = [r["weighted_accuracy"] for r in recs if r["round"] > first
+           and r.get("weighted_accuracy") is not None]
+    return {
+        "scenario": scenario, "method": method, "seed": seed, "rounds": len(recs),
+        "max": max(acc), "last10": statistics.mean(acc[-10:]),
+        "migrations": sum(r.get("migrations", 0) for r in recs),
+        "shift_cold_starts": sum(r.get("shift_cold_starts", 0) for r in recs),
+        "newcomers": sum(r.get("newcomers", 0) for r in recs),
+        "models_down": sum(r["models_down"] for r in recs),
+        "models_up": sum(r["models_up"] for r in recs),
+        "wall_s": round(wall, 1),
+    } | _paper_units(method, cfg, recs)
+
+
+def _paper_units(method: str, cfg: dict, recs: list[dict]) -> dict:
+    """FlexCFL's communication as the spec (2.8) counts it: cold starts decided on the client,
+    so a newcomer costs m + 1 downloads (w0 and the m directions) once, a migration nothing, and
+    the group cold start alpha*m downloads of w0, alpha*m uploads and alpha*m*m downloads of W0.
+    Our run does them on the server (w0 down, the pre-trained model up: 2 per cold start)."""
+    if method not in ("flexcfl", "fedgroup"):
+        return {}
+    m = int(cfg.get(f"{method}.num-groups", 0) or cfg["num-clusters"])
+    n_pre = int(cfg[f"{method}.pretrain-scale"]) * m
+    newcomers = sum(r.get("newcomers", 0) for r in recs)
+    shifts = sum(r.get("shift_cold_starts", 0) for r in recs)
+    measured = sum(r["models_down"] + r["models_up"] for r in recs)
+    training = measured - 2 * (n_pre + newcomers + shifts)
+    return {"paper_units": training + 2 * n_pre + n_pre * m + newcomers * (m + 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--k", type=int, default=20, help="clients per round")
+    ap.add_argument("--methods", nargs="+",
+                    default=["flexcfl-fedavg", "fedgroup", "flexcfl", "flexcfl-ifca"])
+    ap.add_argument("--scenarios", nargs="+", default=["synthetic-1-1", "synthetic-1-1-swap"])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "runs" / "flexcfl-bench"))
+    ap.add_argument("--json", default="")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more run-config overrides (e.g. lr=0.05 for digits-pairs)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="summarise runs already finished in --out instead of running them again")
+    a = ap.parse_args()
+    jobs = [(s, m, d, a.rounds, a.epochs, a.k, a.out, a.reuse, tuple(a.set))
+            for d in a.seeds for s in a.scenarios for m in a.methods]
+    results = []
+    with ProcessPoolExecutor(a.workers) as pool:
+        for res in pool.map(one_run, jobs):
+            results.append(res)
+            print(json.dumps(res), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+
+    def get(s, m, d):
+        return next((r for r in results if (r["scenario"], r["method"], r["seed"]) == (s, m, d)),
+                    None)
+
+    print("\nscenario | method | max (mean, min-max) | last-10 mean | migrations | "
+          "models down+up / FedAvg")
+    for s in a.scenarios:
+        for m in a.methods:
+            rs = [get(s, m, d) for d in a.seeds]
+            rs = [r for r in rs if r]
+            ref = [get(s, "flexcfl-fedavg", r["seed"]) for r in rs]
+            ratio = [(r["models_down"] + r["models_up"]) / (f["models_down"] + f["models_up"])
+                     for r, f in zip(rs, ref) if f]
+            paper = [r["paper_units"] / (f["models_down"] + f["models_up"])
+                     for r, f in zip(rs, ref) if f and "paper_units" in r]
+            print(f"{s} | {m} | {statistics.mean(r['max'] for r in rs):.3f} "
+                  f"({min(r['max'] for r in rs):.3f}-{max(r['max'] for r in rs):.3f}) | "
+                  f"{statistics.mean(r['last10'] for r in rs):.3f} | "
+                  f"{statistics.mean(r['migrations'] for r in rs):.1f} | "
+                  + (f"{statistics.mean(ratio):.2f}x" if ratio else "-")
+                  + (f" (spec 2.8 client-side accounting {statistics.mean(paper):.2f}x)"
+                     if paper else ""))
+    ok = True
+    for d in a.seeds:
+        checks = []
+        fa, fg = get("synthetic-1-1", "flexcfl-fedavg", d), get("synthetic-1-1", "fedgroup", d)
+        if fa and fg:
+            checks.append(("(i) FedGroup - FedAvg >= 0.15 (max, no shift)",
+                           fg["max"] - fa["max"], fg["max"] - fa["max"] >= 0.15))
+        fg2, fx2 = get("synthetic-1-1-swap", "fedgroup", d), get("synthetic-1-1-swap", "flexcfl", d)
+        if fg2 and fx2:
+            checks.append(("(ii) FlexCFL - FedGroup > 0 (max, swap-all)", fx2["max"] - fg2["max"],
+                           fx2["max"] > fg2["max"]))
+            checks.append(("(ii) FlexCFL - FedGroup >= 0.05 (last-10, swap-all)",
+                           fx2["last10"] - fg2["last10"], fx2["last10"] - fg2["last10"] >= 0.05))
+        fx0 = get("synthetic-1-1", "flexcfl", d)
+        if fx0 and fx2:
+            good = fx0["migrations"] == 0 and fx2["migrations"] > 0
+            checks.append(("(iii) migrations: 0 without shift, > 0 with",
+                           f"{fx0['migrations']} / {fx2['migrations']}", good))
+        for what, value, passed in checks:
+            ok &= bool(passed)
+            val = f"{value:+.3f}" if isinstance(value, float) else value
+            print(f"data seed {d}: {what}: {val} -> {'PASS' if passed else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
