@@ -1,0 +1,353 @@
+"""FedDrift family and the paper's time-step protocol: behaviour, bad input, robustness."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedcluster_app import protocol as P
+from fedcluster_app.client_app import app as default_app
+from fedcluster_app.clients.feddrift import ERROR_RATES, numpy_train
+from fedcluster_app.config import ConfigError, TrainConfig, default_run_config, merge_overrides
+from fedcluster_app.engine import run_inprocess
+from fedcluster_app.experiment import load_experiment
+from fedcluster_app.results import load_run
+from fedcluster_app.strategies import STRATEGIES
+from fedcluster_app.strategies.feddrift import FedDrift
+
+# 4 clients, 5 training steps + the test step. Step 3: clients 0, 1 move to a NEW concept (B);
+# step 4: client 2 moves to the now KNOWN concept B; step 5: client 0 returns to A (known).
+SCHEDULE = "0 0 0 0\n0 0 0 0\n1 1 0 0\n1 1 1 0\n0 1 1 0\n0 1 1 0\n"
+
+FAST = {
+    "scenario": "sine2", "rounds-per-step": 3, "local-steps": 40, "batch-size": 50,
+    "lr": 0.05, "weight-decay": 0.001, "progress": False, "plot": False,
+    "feddrift.delta": 0.2,
+}
+
+
+@pytest.fixture
+def schedule(tmp_path):
+    path = tmp_path / "s4.cp"
+    path.write_text(SCHEDULE)
+    return str(path)
+
+
+def _cfg(tmp_path, **kw):
+    cfg = dict(FAST)
+    cfg["out-dir"] = str(tmp_path / "run")
+    cfg.update(kw)
+    return cfg
+
+
+def _steps(summary):
+    _, rounds = load_run(Path(summary["out_dir"]))
+    return {r["time_step"]: r for r in rounds if r["accuracy"] is not None}
+
+
+def test_detection_fires_only_at_clients_moving_to_a_new_concept(tmp_path, schedule):
+    summary = run_inprocess(_cfg(tmp_path, strategy="feddrift", schedule=schedule))
+    steps = _steps(summary)
+    assert sorted(steps) == [1, 2, 3, 4, 5]                  # step 6 is test-only
+    detected = {t: r["detected_clients"] for t, r in steps.items()}
+    assert detected == {1: [], 2: [], 3: [0, 1], 4: [], 5: []}
+    # isolation: two local models at step 3, merged into one B model at step 4;
+    # A and B stay apart; the final number of models = concepts alive
+    assert steps[3]["models_alive"] == 3 and steps[3]["merges"] == 0
+    assert steps[4]["merges"] == 1
+    ids = steps[5]["identities"]
+    assert ids["1"] == ids["2"] != ids["0"] == ids["3"]
+    assert summary["models_final"] == 2
+    assert summary["acc_omit"] > 0.9
+
+
+def test_eager_shares_one_new_model_and_never_merges(tmp_path, schedule):
+    summary = run_inprocess(_cfg(tmp_path, strategy="feddrift-eager", schedule=schedule))
+    steps = _steps(summary)
+    assert steps[3]["detected_clients"] == [0, 1]
+    assert steps[3]["models_new"] == 1 and steps[3]["models_alive"] == 2
+    assert summary["merges_total"] == 0 and summary["models_final"] == 2
+    assert steps[3]["identities"]["0"] == steps[3]["identities"]["1"] != steps[3]["identities"]["2"]
+
+
+def test_complete_linkage_merges_same_concept_keeps_others_apart(tmp_path):
+    exp = load_experiment(merge_overrides(default_run_config(), _cfg(tmp_path, strategy="feddrift")))
+    s = FedDrift(exp)
+    for _ in range(3):
+        s.new_model()
+    s.W = {1: {0: 0, 1: 1, 2: 2}}
+    # 0 ~ 1 (same concept) and 1 ~ 2 close, but 0 and 2 far apart: complete linkage must stop
+    D = {frozenset((0, 1)): 0.01, frozenset((1, 2)): 0.05, frozenset((0, 2)): 0.6}
+    s.hierarchical_merge(1, [0, 1, 2], D, {0: 500, 1: 1500, 2: 500})
+    assert len(s.models) == 2 and 2 in s.models
+    merged = next(m for m in s.models if m != 2)
+    assert s.W[1] == {0: merged, 1: merged, 2: 2}
+    # size-weighted average: n(0) = 500, n(1) = 1500
+    s2 = FedDrift(exp)
+    a, b = s2.new_model([np.zeros(3, np.float32)]), s2.new_model([np.ones(3, np.float32)])
+    s2.W = {1: {0: a, 1: b}}
+    s2.hierarchical_merge(1, [a, b], {frozenset((a, b)): 0.0}, {a: 500, b: 1500})
+    (only,) = s2.models.values()
+    np.testing.assert_allclose(only[0], 0.75)
+
+
+def _recording_app(log):
+    def app(msg, ctx):
+        if msg.metadata.message_type.startswith("train"):
+            cfg = dict(msg.content.config_records[P.CONFIG])
+            log.append((int(cfg[P.STEP]), {k: list(v) for k, v in cfg.items()
+                                           if k.startswith(P.DATA_STEPS)}))
+        return default_app(msg, ctx)
+    return app
+
+
+@pytest.mark.parametrize("strategy,expected", [
+    ("window", lambda t: [t]), ("window-2", lambda t: [max(1, t - 1), t][-min(t, 2):]),
+    ("oblivious", lambda t: list(range(1, t + 1))),
+])
+def test_single_model_baselines_train_on_their_window(tmp_path, schedule, strategy, expected):
+    log: list = []
+    run_inprocess(_cfg(tmp_path, strategy=strategy, schedule=schedule, **{"rounds-per-step": 1}),
+                  client_app=_recording_app(log))
+    assert len(log) == 5 * 4
+    for step, steps in log:
+        (only,) = steps.values()
+        assert only == expected(step)
+
+
+def test_window_variant_of_feddrift_trains_on_newest_batch(tmp_path, schedule):
+    log: list = []
+    run_inprocess(_cfg(tmp_path, strategy="feddrift-w", schedule=schedule),
+                  client_app=_recording_app(log))
+    assert all(v == [step] for step, steps in log for v in steps.values())
+
+
+def test_oracle_t_clusters_by_concept_and_tests_on_next_step(tmp_path, schedule):
+    summary = run_inprocess(_cfg(tmp_path, strategy="oracle-t", schedule=schedule))
+    steps = _steps(summary)
+    assert all(r["ari"] == 1.0 for r in steps.values())
+    # omit-drift leaves out (client, step) pairs whose next batch is another concept:
+    # step 2 (clients 0, 1), step 3 (client 2), step 4 (client 0)
+    assert [steps[t]["omit_pairs"] for t in range(1, 6)] == [4, 2, 3, 3, 4]
+    assert summary["acc_omit"] > summary["acc_include"]
+
+
+def test_ifca_w_keeps_k_models_and_assigns_among_them(tmp_path, schedule):
+    summary = run_inprocess(_cfg(tmp_path, strategy="ifca-w", schedule=schedule))
+    steps = _steps(summary)
+    assert steps[1]["models_alive"] == 2
+    assert all(set(r["identities"].values()) <= {0, 1} for r in steps.values())
+
+
+@pytest.mark.parametrize("delta", [0.0, -0.1, 1.5])
+def test_bad_delta_fails_before_round_one(tmp_path, delta):
+    cfg = _cfg(tmp_path, strategy="feddrift", **{"feddrift.delta": delta})
+    with pytest.raises(ConfigError, match="feddrift.delta"):
+        run_inprocess(cfg)
+    assert not (Path(cfg["out-dir"]) / "metrics.jsonl").exists()
+
+
+def test_bad_schedule_files_are_named(tmp_path):
+    ragged = tmp_path / "ragged.cp"
+    ragged.write_text("0 0 0\n0 1\n")
+    with pytest.raises(ValueError, match="ragged.cp.*ragged"):
+        run_inprocess(_cfg(tmp_path, strategy="feddrift", schedule=str(ragged)))
+    wide = tmp_path / "wide.cp"
+    wide.write_text("0 0 0\n0 1 1\n")
+    with pytest.raises(ValueError, match="wide.cp.*3 columns"):
+        run_inprocess(_cfg(tmp_path, strategy="feddrift", schedule=str(wide), **{"num-clients": 4}))
+
+
+def _corrupting_app(step_of_fault):
+    """Client 0 drops a model from its probe, client 1 reports NaN, at one step;
+    client 2 sends a malformed distance report at every step."""
+    def app(msg, ctx):
+        reply = default_app(msg, ctx)
+        kind = msg.metadata.message_type
+        cfg = dict(msg.content.config_records[P.CONFIG])
+        cid = int(ctx.node_config["partition-id"])
+        m = reply.content.metric_records.get(P.METRICS)
+        if m is None:
+            return reply
+        if kind == "query.fd_probe" and int(cfg[P.STEP]) == step_of_fault:
+            if cid == 0:
+                m[P.MODEL_IDS] = list(m[P.MODEL_IDS])[:-1] or [999]
+                m[ERROR_RATES] = list(m[ERROR_RATES])[:-1] or [0.0]
+            elif cid == 1:
+                m[ERROR_RATES] = [float("nan")] * len(list(m[ERROR_RATES]))
+        if kind == "query.fd_distance" and cid == 2:
+            m["fd.errors"] = [1.0]
+        return reply
+    return app
+
+
+def test_bad_loss_reports_are_left_out_and_the_run_goes_on(tmp_path, schedule):
+    summary = run_inprocess(_cfg(tmp_path, strategy="feddrift", schedule=schedule),
+                            client_app=_corrupting_app(step_of_fault=3))
+    assert summary["status"] == "completed"
+    steps = _steps(summary)
+    assert summary["failures"] >= 1                          # the NaN reply was rejected
+    assert steps[3]["detected_clients"] == []                # both drifting clients left out
+    # they kept their reference error, so they fire one step later, together with client 2,
+    # for which concept B is still new (no B model was created at step 3)
+    assert steps[4]["detected_clients"] == [0, 1, 2]
+    assert all(r["accuracy"] is not None for r in steps.values())
+
+
+def test_numpy_trainer_matches_torch():
+    from fedcluster_app.models import ModelSpec, build_model, get_weights, set_weights
+    from fedcluster_app.training import local_train
+
+    spec = ModelSpec("mlp", (3,), 2, 6)
+    model = build_model(spec, 0)
+    w0 = get_weights(model)
+    rng = np.random.default_rng(0)
+    x = rng.random((500, 3)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 1).astype(np.int64)
+    for opt in ("adam", "sgd"):
+        cfg = TrainConfig(optimizer=opt, lr=0.01, weight_decay=1e-3, local_steps=30, batch_size=50,
+                          momentum=0.5 if opt == "sgd" else 0.0)
+        set_weights(model, w0)
+        local_train(model, x, y, cfg, np.random.default_rng(1))
+        fast, _ = numpy_train(w0, x, y, cfg, np.random.default_rng(1))
+        for a, b in zip(get_weights(model), fast):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_family_is_registered():
+    for name in ("feddrift", "feddrift-eager", "feddrift-c", "feddrift-w", "feddrift-eager-w",
+                 "oblivious", "window", "window-2", "oracle-t", "oracle-w", "ifca-t", "ifca-w"):
+        assert name in STRATEGIES
+
+
+# ---------------------------------------------------------------------------- baselines
+def test_cfl_splitter_splits_opposed_groups_only():
+    from fedcluster_app.strategies.cfl import CFLSplitter
+
+    rng = np.random.default_rng(0)
+    d = np.zeros(20)
+    d[0] = 1.0
+    opposed = np.stack([d + 0.05 * rng.normal(size=20) for _ in range(3)] +
+                       [-d + 0.05 * rng.normal(size=20) for _ in range(3)])
+    aligned = np.stack([d + 0.05 * rng.normal(size=20) for _ in range(6)])
+    s = CFLSplitter(gamma=0.1)
+    assert s.propose(aligned * 3) is None              # a new maximum mean norm: not tested
+    # eps1 = 3 / 10, eps2 = 6 eps1: small mean update, large individual ones, opposed directions
+    groups = s.propose(opposed * 2)
+    assert groups is not None and sorted(map(sorted, groups)) == [[0, 1, 2], [3, 4, 5]]
+    assert CFLSplitter(gamma=0.1, max_mean_norm=100.0).propose(aligned * 0.01) is None
+
+
+def _all_flip_schedule(tmp_path):
+    path = tmp_path / "flip.cp"
+    path.write_text("0 0 0 0\n0 0 0 0\n" + "1 1 1 1\n" * 5)
+    return str(path)
+
+
+def test_driftsurf_enters_reactive_state_and_switches_models(tmp_path):
+    summary = run_inprocess(_cfg(tmp_path, strategy="driftsurf", schedule=_all_flip_schedule(tmp_path),
+                                 **{"feddrift-baselines.driftsurf-delta": 0.1}))
+    steps = _steps(summary)
+    assert steps[2]["driftsurf_state"] == "stable"
+    assert steps[3]["driftsurf_state"] == "reactive"       # everybody flipped at step 3
+    assert steps[6]["switches"] == 1                       # the reactive model became predictive
+    assert steps[6]["driftsurf_state"] == "stable"
+
+
+def test_weighted_and_adaptive_fedavg_send_their_training_rules(tmp_path, schedule):
+    log: list = []
+
+    def app(msg, ctx):
+        if msg.metadata.message_type.startswith("train"):
+            log.append(dict(msg.content.config_records[P.CONFIG]))
+        return default_app(msg, ctx)
+
+    run_inprocess(_cfg(tmp_path, strategy="weighted-exp", schedule=schedule, **{"rounds-per-step": 1}),
+                  client_app=app)
+    last = log[-1]
+    (key,) = [k for k in last if k.startswith("fd.step-weights")]
+    np.testing.assert_allclose(last[key], [2.0 ** (t - 5) for t in range(1, 6)])
+    log.clear()
+    run_inprocess(_cfg(tmp_path, strategy="adaptive-fedavg", schedule=schedule,
+                       **{"rounds-per-step": 1, "out-dir": str(tmp_path / "afa")}), client_app=app)
+    lrs = [float(c["lr"]) for c in log[::4]]
+    assert all(c["optimizer"] == "sgd" for c in log)
+    assert lrs[0] == 0.1 and all(0 < lr <= 0.1 for lr in lrs) and lrs[-1] < 0.1
+    assert all(list(v) == [int(c[P.STEP])] for c in log for k, v in c.items()
+               if k.startswith(P.DATA_STEPS))
+
+
+def test_aue_members_train_on_sliding_windows(tmp_path):
+    log: list = []
+    summary = run_inprocess(_cfg(tmp_path, strategy="aue", **{"rounds-per-step": 1, "local-steps": 5}),
+                            client_app=_recording_app(log))
+    at7 = [steps for step, steps in log if step == 7][0]
+    assert sorted(map(tuple, at7.values()), key=len) == [tuple(range(7 - j, 8)) for j in range(5)]
+    assert summary["models_final"] == 5
+
+
+FAMILY = ["feddrift", "feddrift-eager", "feddrift-c", "feddrift-w", "feddrift-eager-w", "oblivious",
+          "window", "window-2", "oracle-t", "oracle-w", "ifca-t", "ifca-w", "weighted-linear",
+          "weighted-exp", "adaptive-fedavg", "cfl", "cfl-w", "driftsurf", "aue", "kue"]
+
+
+@pytest.mark.parametrize("strategy", FAMILY)
+def test_family_runs_on_any_scenario(tmp_path, strategy):
+    """Every strategy of the family on a non-FedDrift scenario (6 rows: 5 steps + the test step)."""
+    cfg = _cfg(tmp_path, strategy=strategy, scenario="mixture-swap", **{
+        "rounds-per-step": 1, "local-steps": 5, "samples-per-step": 100, "test-samples": 50})
+    summary = run_inprocess(cfg)
+    disk, rounds = load_run(Path(cfg["out-dir"]))
+    assert disk["status"] == "completed" and summary["rounds"] == 5 == len(rounds)
+    assert [r["time_step"] for r in rounds] == [1, 2, 3, 4, 5]
+    assert all(0.0 <= r["accuracy"] <= 1.0 and r["failures"] == 0 for r in rounds)
+    assert 0.0 <= disk["acc_omit"] <= 1.0 and disk["models_sent_down"] > 0
+    assert disk["ari_final"] is not None
+
+
+def test_feddrift_resumes_after_a_crash_with_the_same_metrics(tmp_path, schedule):
+    from fedcluster_app.engine import InProcessGrid
+
+    class CrashingGrid(InProcessGrid):
+        def send_and_receive(self, messages, *, timeout=None):
+            messages = list(messages)
+            if any(m.metadata.group_id == "7" for m in messages):
+                raise RuntimeError("server crashed")
+            return super().send_and_receive(messages, timeout=timeout)
+
+    full = run_inprocess(_cfg(tmp_path, strategy="feddrift", schedule=schedule,
+                              **{"out-dir": str(tmp_path / "full")}))
+    cfg = _cfg(tmp_path, strategy="feddrift", schedule=schedule, **{
+        "out-dir": str(tmp_path / "crashed"), "checkpoint-every": 1})
+    with pytest.raises(RuntimeError, match="server crashed"):
+        run_inprocess(cfg, grid_cls=CrashingGrid)          # crashes in step 3 (R = 3: round 7)
+    resumed = run_inprocess(cfg | {"resume-from": cfg["out-dir"]})
+    assert resumed["status"] == "completed"
+    a, b = _steps(full), _steps(resumed)
+    key = lambda r: (r["accuracy"], r["identities"], r["detected_clients"], r["merged"])  # noqa: E731
+    assert [key(a[t]) for t in sorted(a)] == [key(b[t]) for t in sorted(b)]
+    assert resumed["acc_omit"] == full["acc_omit"]
+
+
+def test_kue_replaces_its_lowest_kappa_model_each_step(tmp_path, schedule):
+    from fedcluster_app.strategies.feddrift_baselines import cohen_kappa
+
+    assert cohen_kappa(np.array([[50, 0], [0, 50]])) == 1.0
+    assert abs(cohen_kappa(np.array([[25, 25], [25, 25]]))) < 1e-12
+    log: list = []
+
+    def app(msg, ctx):
+        if msg.metadata.message_type.startswith("train"):
+            log.append(dict(msg.content.config_records[P.CONFIG]))
+        return default_app(msg, ctx)
+
+    summary = run_inprocess(_cfg(tmp_path, strategy="kue", schedule=schedule, **{"rounds-per-step": 1}),
+                            client_app=app)
+    assert summary["models_final"] == 10
+    assert summary["models_created"] == 10 + 4               # one replacement per step after step 1
+    masks = [v for k, v in log[0].items() if k.startswith("fd.mask.")]
+    assert len(masks) == 10 and all(1 <= sum(m) <= 2 for m in masks)   # subspaces of the 2 features
+    assert all(c["fd.bootstrap"] for c in log)
