@@ -5,7 +5,11 @@ One import line per family, each under its own marker, so families are added ind
 """
 
 # -- issue 3: FedDrift family and its baselines
+from . import feddrift  # noqa: F401
 # -- issue 4: Fielding
+from . import fielding as _fielding  # noqa: E402,F401  (query.fielding_rep)
 # -- issue 5: FlexCFL
+from . import flexcfl as _flexcfl  # noqa: E402,F401  (query.pretrain)
 # -- issue 6: FedRC
 # -- issue 7: FedCCFA
+from . import fedccfa as _fedccfa  # noqa: E402,F401  (train.fedccfa, query.fedccfa_eval)

@@ -51,6 +51,9 @@ __all__ = [
 # Scenario families in their own modules register themselves on import (register_scenario):
 # -- issue 3: FedDrift
 # -- issue 4: Fielding
+from . import fielding as _fielding  # noqa: E402,F401  (digits-buckets, labels-small-large, ...)
 # -- issue 5: FlexCFL
+from . import flexcfl as _flexcfl  # noqa: E402,F401  (registers synthetic-1-1*, digits-pairs*)
 # -- issue 6: FedRC
 # -- issue 7: FedCCFA
+from . import fedccfa as _fedccfa  # noqa: E402,F401  (digits-ccfa, digits-swap-incremental, digits-swap-recurring)
