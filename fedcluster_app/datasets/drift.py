@@ -221,9 +221,19 @@ class ClassRealisation:
 
     def sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
                train: bool) -> tuple[np.ndarray, np.ndarray]:
-        c = self.concepts[concept]
+        y_true = self.draw_labels(concept, n, rng, client=client, train=train)
+        return self.realise(concept, y_true, rng, train=train)
+
+    def draw_labels(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
+                    train: bool) -> np.ndarray:
+        """The true classes of ``n`` samples (subclasses change how labels are drawn)."""
         p = self.class_prior(concept, client, train)
-        y_true = rng.choice(self.num_classes, size=n, p=p).astype(np.int64)
+        return rng.choice(self.num_classes, size=n, p=p).astype(np.int64)
+
+    def realise(self, concept: int, y_true: np.ndarray, rng: np.random.Generator, *,
+                train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs for the true classes, with the concept's rotation, noise and label map."""
+        c = self.concepts[concept]
         x = self.source.draw(y_true, rng, train=train, angle=c.angle)
         if c.noise_std > 0:
             x = x + rng.normal(0.0, c.noise_std, size=x.shape).astype(np.float32)

@@ -55,23 +55,16 @@ class MinPerClassRealisation(ClassRealisation):
         super().__init__(base.source, base.concepts, base.priors)
         self.k_train, self.k_test = int(k_train), int(k_test)
 
-    def sample(self, concept, n, rng, *, client, train):
+    def draw_labels(self, concept, n, rng, *, client, train):
         k = self.k_train if train else self.k_test
         present = np.flatnonzero(self.source.present(train))
         if k <= 0 or n < k * len(present):
-            return super().sample(concept, n, rng, client=client, train=train)
-        c = self.concepts[concept]
+            return super().draw_labels(concept, n, rng, client=client, train=train)
         p = self.class_prior(concept, client, train)
         y_true = np.concatenate([np.repeat(present, k),
                                  rng.choice(self.num_classes, size=n - k * len(present), p=p)])
         y_true = y_true[rng.permutation(n)].astype(np.int64)
-        x = self.source.draw(y_true, rng, train=train, angle=c.angle)
-        if c.noise_std > 0:
-            x = x + rng.normal(0.0, c.noise_std, size=x.shape).astype(np.float32)
-            if self.source.is_image:
-                np.clip(x, 0.0, 1.0, out=x)
-        y = y_true if c.perm is None else np.asarray(c.perm, dtype=np.int64)[y_true]
-        return np.ascontiguousarray(x, dtype=np.float32), y.astype(np.int64)
+        return y_true
 
 
 def build_digits_ccfa(**kwargs) -> Scenario:

@@ -45,9 +45,8 @@ class ExactLabelRealisation(ClassRealisation):
     """A :class:`ClassRealisation` whose label counts are exactly the class prior times n
     (largest remainder), in random order; inputs are drawn as usual."""
 
-    def sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
-               train: bool) -> tuple[np.ndarray, np.ndarray]:
-        c = self.concepts[concept]
+    def draw_labels(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
+                    train: bool) -> np.ndarray:
         p = self.class_prior(concept, client, train)
         raw = p * n
         counts = np.floor(raw).astype(np.int64)
@@ -57,13 +56,7 @@ class ExactLabelRealisation(ClassRealisation):
             for j in order[:rest]:
                 counts[j] += 1
         y_true = rng.permutation(np.repeat(np.arange(self.num_classes), counts))
-        x = self.source.draw(y_true, rng, train=train, angle=c.angle)
-        if c.noise_std > 0:
-            x = x + rng.normal(0.0, c.noise_std, size=x.shape).astype(np.float32)
-            if self.source.is_image:
-                np.clip(x, 0.0, 1.0, out=x)
-        y = y_true if c.perm is None else np.asarray(c.perm, dtype=np.int64)[y_true]
-        return np.ascontiguousarray(x, dtype=np.float32), y.astype(np.int64)
+        return y_true
 
 
 def _mask(labels, num_classes: int) -> tuple[float, ...]:
