@@ -12,14 +12,12 @@ import datetime as dt
 import ipaddress
 import json
 import os
-import signal
-import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .launcher import _bin, flwr_env
+from .launcher import _bin, flwr_env, free_port, stop_process_group, wait_port
 
 STATE_FILE = "deployment.json"
 
@@ -90,42 +88,11 @@ def make_node_keys(out: Path, name: str) -> tuple[Path, Path]:
 
 
 # ------------------------------------------------------------------------------ processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(cmd: list[str], env: dict[str, str], log: Path) -> int:
     with open(log, "ab") as fh:
         proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return proc.pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie child (exited, not reaped) counts as dead
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:
-        return True
-
-
-def _stop(pid: int, timeout: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL what is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.1)
-        if not _alive(pid):
-            return
 
 
 @dataclass
@@ -179,7 +146,7 @@ class LocalDeployment:
     # -- lifecycle ---------------------------------------------------------------------------
     def up(self, wait: float = 120.0) -> "LocalDeployment":
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         if self.tls and not (self.certs / "ca.crt").is_file():
             make_certificates(self.certs)
         link = [_bin("flower-superlink"), "--disable-runtime-dependency-installation",
@@ -195,7 +162,7 @@ class LocalDeployment:
             link += ["--enable-supernode-auth"]
         self.pids["superlink"] = _start(link, self.env("superlink"), self.dir / "superlink.log")
         self._save()
-        _wait_port(self.port, wait, self.dir / "superlink.log")
+        wait_port(self.port, wait, self.dir / "superlink.log")
         for i in range(self.num_nodes):
             if self.auth:
                 self.register_node(i)
@@ -212,7 +179,7 @@ class LocalDeployment:
         cfg = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}"
                        for k, v in self.node_configs[i].items())
         cmd = [_bin("flower-supernode"), "--superlink", self.address, "--node-config", cfg,
-               "--host", "127.0.0.1", "--port", str(_free_port())]
+               "--host", "127.0.0.1", "--port", str(free_port())]
         cmd += ["--root-certificates", str(self.certs / "ca.crt")] if self.tls else ["--insecure"]
         key = key or (self.dir / "keys" / f"node{i}" if self.auth else None)
         if key is not None:
@@ -224,7 +191,7 @@ class LocalDeployment:
     def stop_node(self, i: int) -> None:
         pid = self.pids.pop(f"node{i}", None)
         if pid:
-            _stop(pid)
+            stop_process_group(pid)
         self._save()
 
     def online_nodes(self) -> int:
@@ -247,7 +214,7 @@ class LocalDeployment:
 
     def down(self) -> None:
         for name in sorted(self.pids, key=lambda k: k == "superlink"):  # nodes first
-            _stop(self.pids[name])
+            stop_process_group(self.pids[name])
         self.pids = {}
         self._save()
 
@@ -268,16 +235,6 @@ class LocalDeployment:
         if not path.is_file():
             raise FileNotFoundError(f"no deployment state in {directory} ({STATE_FILE} missing)")
         return cls(**json.loads(path.read_text()))
-
-
-def _wait_port(port: int, timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s; see {log}")
 
 
 def write_connection(flwr_home: Path, conn: dict[str, object], name: str = "fedcluster") -> None:

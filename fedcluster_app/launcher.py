@@ -57,10 +57,52 @@ def stage_app(dest: Path) -> Path:
     return dest
 
 
-def _free_port() -> int:
+# ------------------------------------------------------------------------------ processes
+# Shared with deploy.py: every process fedcluster starts runs in its own session, so it and its
+# children (SuperExec, ServerApp, Ray) are stopped together by process group.
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float, log: Path, proc: subprocess.Popen | None = None) -> None:
+    """Wait until something listens on 127.0.0.1:``port``; fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RunFailed(f"{Path(str(proc.args[0])).name} exited with {proc.returncode}: "
+                            f"{log.read_text()[-2000:]}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f} s; see {log}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child (exited, not reaped) counts as dead
+        return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError:
+        return True
+
+
+def stop_process_group(pid: int, timeout: float = 10.0) -> None:
+    """SIGTERM the process group of ``pid``, then SIGKILL what is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.1)
+        if not _alive(pid):
+            return
 
 
 def _toml_value(value: ConfigValue) -> str:
@@ -100,7 +142,7 @@ class LocalSimulationSuperLink:
 
     def __init__(self, home: Path) -> None:
         self.home = home
-        self.port = _free_port()
+        self.port = free_port()
         self.env = flwr_env(home)
         self.proc: subprocess.Popen | None = None
 
@@ -116,37 +158,16 @@ class LocalSimulationSuperLink:
              "--database", str(self.home / "state.db")],
             env=self.env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        self._wait_ready()
+        wait_port(self.port, 60.0, self.home / "superlink.log", self.proc)
         (self.home / "flwr" / "config.toml").write_text(
             '[superlink]\ndefault = "fedcluster"\n\n'
             f'[superlink.fedcluster]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
         )
         return self
 
-    def _wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RunFailed(f"flower-superlink exited with {self.proc.returncode}: "
-                                f"{(self.home / 'superlink.log').read_text()[-2000:]}")
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.2)
-        raise RunFailed(f"flower-superlink did not start within {timeout:.0f} s")
-
     def __exit__(self, *exc) -> None:
         if self.proc and self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            stop_process_group(self.proc.pid)
         self._log.close()
 
 
