@@ -23,7 +23,7 @@ from fedcluster_app.config import default_run_config, merge_overrides
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.experiment import load_experiment
 from fedcluster_app.models import initial_weights
-from fedcluster_app.strategies.base import weighted_average
+from fedcluster_app.strategies.base import read_checkpoint, weighted_average
 from fedcluster_app import protocol as P
 
 
@@ -56,9 +56,7 @@ def inprocess(run_config: dict) -> tuple[float, list[np.ndarray]]:
     t0 = time.perf_counter()
     summary = run_inprocess(run_config)
     elapsed = time.perf_counter() - t0
-    with np.load(Path(summary["out_dir"]) / "checkpoint.npz") as data:
-        weights = [data[f"model0_{i}"] for i in range(sum(k.startswith("model0_") for k in data.files))]
-    return elapsed, weights
+    return elapsed, read_checkpoint(Path(summary["out_dir"]))[1][0]
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from fedcluster_app.experiment import load_experiment
 from fedcluster_app.config import default_run_config, merge_overrides
 from fedcluster_app.models import build_model, set_weights
 from fedcluster_app.strategies.fedccfa_core import drift_recovery
+from fedcluster_app.strategies.base import read_checkpoint
 
 STEPS, RPS, DRIFT_STEP = 12, 5, 7
 # digits-ccfa: the spec's partition (>= 5 training samples of every class per client and step)
@@ -59,11 +60,8 @@ VARIANTS = {   # method name -> (strategy, extra overrides)
 def final_gen_accuracy_from_checkpoint(run_config: dict, out_dir: Path) -> float:
     """Global model of a single-model run (FedAvg, FedProx) on each client's relabelled pool."""
     exp = load_experiment(run_config)
-    with np.load(out_dir / "checkpoint.npz") as data:
-        meta = json.loads(bytes(data["__meta__"]).decode())
-        mid = min(meta["model_ids"])
-        n = sum(1 for k in data.files if k.startswith(f"model{mid}_"))
-        weights = [data[f"model{mid}_{i}"] for i in range(n)]
+    _, models = read_checkpoint(out_dir)
+    weights = models[min(models)]
     model = build_model(exp.spec, 0)
     set_weights(model, weights)
     step = exp.scenario.num_steps

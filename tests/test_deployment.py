@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fedcluster_app.config import default_run_config, merge_overrides
 from fedcluster_app.deploy import LocalDeployment, make_node_keys
 from fedcluster_app.launcher import run_on_deployment
 from fedcluster_app.results import load_run
+from fedcluster_app.strategies.base import read_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +25,7 @@ def small_run(out: Path, **extra) -> dict:
 
 
 def checkpoint_clients(out: Path) -> dict[int, dict]:
-    with np.load(out / "checkpoint.npz") as data:
-        meta = json.loads(bytes(data["__meta__"]).decode())
+    meta, _ = read_checkpoint(out)
     return {c["cid"]: c for c in meta["clients"]}
 
 

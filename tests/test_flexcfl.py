@@ -15,6 +15,7 @@ from fedcluster_app.datasets.flexcfl import ShiftSpec, synthetic_users
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.experiment import load_experiment
 from fedcluster_app.results import load_run
+from fedcluster_app.strategies.base import read_checkpoint
 from fedcluster_app.strategies.flexcfl import (
     FlexCFL,
     edc_embedding,
@@ -218,10 +219,8 @@ def test_flexcfl_with_one_group_at_w0_is_fedavg_exactly(tmp_path):
     ra, rb = rounds_of(ref), rounds_of(flex)
     assert [r["accuracy"] for r in ra] == [r["accuracy"] for r in rb]
     assert [r["client_accuracy"] for r in ra] == [r["client_accuracy"] for r in rb]
-    with np.load(Path(ref["out_dir"]) / "checkpoint.npz") as x, \
-            np.load(Path(flex["out_dir"]) / "checkpoint.npz") as y:
-        keys = [k for k in x.files if k.startswith("model0_")]
-        assert keys and all(np.array_equal(x[k], y[k]) for k in keys)
+    x, y = read_checkpoint(Path(ref["out_dir"]))[1][0], read_checkpoint(Path(flex["out_dir"]))[1][0]
+    assert x and len(x) == len(y) and all(np.array_equal(a, b) for a, b in zip(x, y))
     # and on the paper's selection, against flexcfl-fedavg
     a = run_inprocess(tiny(tmp_path, "pf", strategy="flexcfl-fedavg", **{"num-steps": 5}))
     b = run_inprocess(tiny(tmp_path, "pflex", strategy="flexcfl", **{"num-steps": 5,
@@ -282,12 +281,12 @@ def test_inter_group_aggregation_runs_and_mixes(tmp_path):
     s = run_inprocess(tiny(tmp_path, strategy="flexcfl", **{"flexcfl.eta-g": 5.0,
                                                             "num-steps": 4}))
     assert s["status"] == "completed"
-    with np.load(Path(s["out_dir"]) / "checkpoint.npz") as z:
-        w = [np.concatenate([z[f"model{g}_{i}"].ravel() for i in range(2)]) for g in range(3)]
+    models = read_checkpoint(Path(s["out_dir"]))[1]
+    w = [np.concatenate([models[g][i].ravel() for i in range(2)]) for g in range(3)]
     # eta-g = 5 pulls the groups together: they end much closer than without it
     s0 = run_inprocess(tiny(tmp_path, "e0", strategy="flexcfl", **{"num-steps": 4}))
-    with np.load(Path(s0["out_dir"]) / "checkpoint.npz") as z:
-        w0 = [np.concatenate([z[f"model{g}_{i}"].ravel() for i in range(2)]) for g in range(3)]
+    models = read_checkpoint(Path(s0["out_dir"]))[1]
+    w0 = [np.concatenate([models[g][i].ravel() for i in range(2)]) for g in range(3)]
     spread = lambda ws: max(np.linalg.norm(a - b) for a in ws for b in ws)  # noqa: E731
     assert spread(w) < 0.5 * spread(w0)
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fedcluster_app.results import load_run
+from fedcluster_app.strategies.base import read_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,8 +29,7 @@ def fedcluster(*args: str, **kw) -> subprocess.Popen:
 
 
 def assignments(out: Path) -> dict[int, int]:
-    with np.load(out / "checkpoint.npz") as data:
-        meta = json.loads(bytes(data["__meta__"]).decode())
+    meta, _ = read_checkpoint(out)
     return {c["cid"]: c["cluster"] for c in meta["clients"]}
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -499,7 +499,7 @@ class ClusteredStrategy(Strategy):
         return {"bytes_up": 0, "bytes_down": 0, "failures": 0, "failed_clients": []}
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def state_dict(self) -> tuple[dict[str, Any], dict[int, Weights]]:
         meta = {
             "strategy": self.name,
             "scenario": self.exp.scenario.name,
@@ -513,10 +513,9 @@ class ClusteredStrategy(Strategy):
             "rng": self.rng.bit_generator.state,
             "strategy_state": self.strategy_state(),
         }
-        arrays = {f"model{mid}_{i}": a for mid, ws in self.models.items() for i, a in enumerate(ws)}
-        return meta, arrays
+        return meta, dict(self.models)
 
-    def load_state_dict(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    def load_state_dict(self, meta: dict[str, Any], models: dict[int, Weights]) -> None:
         for key, mine in (("strategy", self.name), ("scenario", self.exp.scenario.name),
                           ("num_clients", self.exp.scenario.num_clients)):
             if meta.get(key) != mine:
@@ -525,8 +524,11 @@ class ClusteredStrategy(Strategy):
         self.round = int(meta["round"])
         self.next_model_id = int(meta["next_model_id"])
         self.model_birth = {int(k): int(v) for k, v in meta["model_birth"].items()}
-        n = len(self._shapes)
-        self.models = {mid: [arrays[f"model{mid}_{i}"] for i in range(n)] for mid in meta["model_ids"]}
+        for mid, weights in models.items():
+            if len(weights) != len(self._shapes):
+                raise ValueError(f"model {mid} has {len(weights)} arrays, this run's model "
+                                 f"{len(self._shapes)}")
+        self.models = {int(mid): models[int(mid)] for mid in meta["model_ids"]}
         self.clients = {}
         for r in meta["clients"]:
             soft = {int(k): float(v) for k, v in r["soft"].items()} if r["soft"] else None
@@ -536,29 +538,45 @@ class ClusteredStrategy(Strategy):
         self.load_strategy_state(meta["strategy_state"])
 
     def save_checkpoint(self, path: Path) -> None:
-        """Atomic: written to a temporary file, then renamed over the old checkpoint."""
-        meta, arrays = self.state_dict()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_open(path) as fh:
-            np.savez(fh, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+        write_checkpoint(path, *self.state_dict())
 
     def load_checkpoint(self, path: Path) -> None:
-        path = Path(path)
-        if path.is_dir():
-            path = path / CHECKPOINT_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"no checkpoint at {path}")
+        meta, models = read_checkpoint(path)
         try:
-            with np.load(path) as data:
-                meta = json.loads(bytes(data["__meta__"]).decode())
-                arrays = {k: data[k] for k in data.files if k != "__meta__"}
-        except Exception as ex:  # zip, json or key errors: all mean the file is unusable
-            raise ValueError(f"checkpoint {path} is corrupt or not a fedcluster checkpoint: "
-                             f"{type(ex).__name__}: {ex}") from None
-        try:
-            self.load_state_dict(meta, arrays)
+            self.load_state_dict(meta, models)
         except KeyError as ex:
             raise ValueError(f"checkpoint {path} is incomplete: missing {ex}") from None
+
+
+# ---------------------------------------------------------------------- the checkpoint file
+# One .npz: the JSON metadata as bytes under "__meta__", model m's arrays as "model<m>_<i>".
+def write_checkpoint(path: Path, meta: dict[str, Any], models: dict[int, Weights]) -> None:
+    """Atomic: written to a temporary file, then renamed over the old checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f"model{mid}_{i}": a for mid, ws in models.items() for i, a in enumerate(ws)}
+    with atomic_open(path) as fh:
+        np.savez(fh, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+
+
+def read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[int, Weights]]:
+    """(metadata, models by id) of a checkpoint file, or of the one in a run directory."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        with np.load(path) as data:
+            meta = json.loads(bytes(data["__meta__"]).decode())
+            models = {}
+            for mid in meta["model_ids"]:
+                n = sum(k.startswith(f"model{mid}_") for k in data.files)
+                models[int(mid)] = [data[f"model{mid}_{i}"] for i in range(n)]
+    except Exception as ex:  # zip, json or key errors: all mean the file is unusable
+        raise ValueError(f"checkpoint {path} is corrupt or not a fedcluster checkpoint: "
+                         f"{type(ex).__name__}: {ex}") from None
+    return meta, models
 
 
 def _keys_to_str(d: dict[int, float] | None) -> dict[str, float] | None:
