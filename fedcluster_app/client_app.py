@@ -3,7 +3,7 @@
 The logical client id is the ``client-id`` node-config key in deployment and ``partition-id``
 in simulation; every reply carries it, with the ground-truth concept of the step (read only by
 metrics and the Oracle). Algorithm families add their own message kinds with
-``register_query`` / ``register_train`` from a module in ``clients/`` instead of editing this
+``register_query`` / ``register_train`` / ``register_evaluate`` from a module in ``clients/`` instead of editing this
 file.
 """
 
@@ -75,6 +75,11 @@ def register_train(name: str, handler: Handler) -> None:
     app.train(name)(_wrap(handler))
 
 
+def register_evaluate(name: str, handler: Handler) -> None:
+    """Handle ``evaluate.<name>`` messages (an evaluation variant of an algorithm family)."""
+    app.evaluate(name)(_wrap(handler))
+
+
 # ---------------------------------------------------------------------------- built-in kinds
 def train(client: StreamClient, config: dict, models: Models):
     """Train every model sent (or ``train-ids``), or the personal model, or IFCA's best one."""
@@ -100,9 +105,17 @@ def train(client: StreamClient, config: dict, models: Models):
 
 
 def evaluate(client: StreamClient, config: dict, models: Models):
-    """Test accuracy of the personal model, the one model sent, or the mixture of several."""
+    """Test accuracy of the personal model, the one model sent, the mixture of several, or
+    (``select = "min-loss"``, a newcomer) the model of lowest loss on the labelled training
+    split."""
     if config.get(P.PERSONAL):
         loss, n, m = client.evaluate(client.personal_weights(), config)
+    elif config.get(P.SELECT) == "min-loss":
+        ids = sorted(models)
+        losses, _ = client.losses([models[i] for i in ids], config)
+        chosen = ids[min(range(len(ids)), key=lambda j: (losses[j], j))]
+        loss, n, m = client.evaluate(models[chosen], config)
+        m = {**m, P.CHOSEN: chosen}
     elif len(models) == 1:
         loss, n, m = client.evaluate(next(iter(models.values())), config)
     else:

@@ -97,6 +97,7 @@ class TrainConfig:
     local_steps: int = 20
     local_epochs: int = 1
     batch_size: int = 50
+    drop_last: bool = False
     prox_mu: float = 0.0
 
 

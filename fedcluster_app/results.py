@@ -238,8 +238,12 @@ def compute_summary(records: list[dict]) -> dict:
     ``mean_accuracy_after_drift`` averages the evaluated rounds from the first round with
     ``drifted_clients > 0`` on (inclusive), null if there is no such round; byte and failure
     counts are totals (missing keys count as 0); ``num_clusters_final`` is the last round's.
+    With held-out clients (FedRC's test clients) the same for ``global_accuracy``, plus
+    ``last5_*``: the mean of the last five evaluated rounds (spec fedrc.md 4.4).
     """
     accs = [r["accuracy"] for r in records if r.get("accuracy") is not None]
+    globs = [r["global_accuracy"] for r in records if r.get("global_accuracy") is not None]
+    weighted = [r["weighted_accuracy"] for r in records if r.get("weighted_accuracy") is not None]
     drift_at = next(
         (i for i, r in enumerate(records) if (r.get("drifted_clients") or 0) > 0), None
     )
@@ -256,6 +260,10 @@ def compute_summary(records: list[dict]) -> dict:
         "mean_accuracy_after_drift": after,
         "failures": _total(records, "failures"),
         "num_clusters_final": records[-1].get("num_clusters") if records else None,
+        "last5_accuracy": _mean(accs[-5:]),
+        "final_weighted_accuracy": weighted[-1] if weighted else None,
+        **({"mean_global_accuracy": _mean(globs), "final_global_accuracy": globs[-1],
+            "last5_global_accuracy": _mean(globs[-5:])} if globs else {}),
     }
 
 
@@ -593,10 +601,13 @@ def compare_runs(run_dirs: list, out_path: str | os.PathLike | None = None) -> s
     runs = [(d, *load_run(d)) for d in dirs]
     names = _run_names(dirs)
 
+    # runs with held-out clients (FedRC's populations) also report global accuracy
+    extra = [k for k in ("last5_global_accuracy", "final_global_accuracy")
+             if any(summary.get(k) is not None for _, summary, _ in runs)]
     header = ["run", "strategy", "scenario", "seed", "rounds", "mean_accuracy",
-              "mean_accuracy_after_drift", "final_accuracy", "ari_final", "MB (up+down)",
+              "mean_accuracy_after_drift", "final_accuracy", "ari_final", *extra, "MB (up+down)",
               "wall_time_s", "status"]
-    align = ["l", "l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "l"]
+    align = ["l", "l", "l", "r", "r", "r", "r", "r", "r", *["r"] * len(extra), "r", "r", "l"]
     rows = []
     groups: dict[tuple[str, str], list[dict]] = {}
     for name, (_, summary, _records) in zip(names, runs):
@@ -606,12 +617,12 @@ def compare_runs(run_dirs: list, out_path: str | os.PathLike | None = None) -> s
             _cell(summary["seed"]), _cell(summary["rounds"]),
             _fmt(summary.get("mean_accuracy")), _fmt(summary.get("mean_accuracy_after_drift")),
             _fmt(summary.get("final_accuracy")), _fmt(summary.get("ari_final")),
-            _fmt(mb, 2), _fmt(summary.get("wall_time_s"), 2),
+            *[_fmt(summary.get(k)) for k in extra], _fmt(mb, 2), _fmt(summary.get("wall_time_s"), 2),
             _cell(summary.get("status", "n/a")),
         ])
         groups.setdefault((str(summary["strategy"]), str(summary["scenario"])), []).append(summary)
 
-    metrics = ["mean_accuracy", "mean_accuracy_after_drift", "final_accuracy", "ari_final"]
+    metrics = ["mean_accuracy", "mean_accuracy_after_drift", "final_accuracy", "ari_final", *extra]
     g_rows = []
     for (strategy, scenario), members in groups.items():
         n = len(members)
@@ -729,6 +740,9 @@ def format_round_line(record: dict, total_rounds: int) -> str:
     acc = record.get("accuracy")
     if _is_number(acc) and math.isfinite(acc):
         parts.append(f"acc {acc:.3f}")
+    glob = record.get("global_accuracy")
+    if _is_number(glob) and math.isfinite(glob):
+        parts.append(f"global {glob:.3f}")
     k = record.get("num_clusters")
     if k is not None:
         parts.append(f"clusters {k}")

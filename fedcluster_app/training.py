@@ -47,14 +47,16 @@ def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def batch_indices(n: int, cfg: TrainConfig, rng: np.random.Generator) -> list[np.ndarray]:
-    """The minibatches of one round: ``local-steps`` random batches, or whole shuffled epochs."""
+    """The minibatches of one round: ``local-steps`` random batches, or whole shuffled epochs
+    (``drop-last``: without the last partial batch of each epoch, as torch's DataLoader)."""
     if cfg.local_steps > 0:
         size = min(cfg.batch_size, n)
         return [rng.choice(n, size=size, replace=False) for _ in range(cfg.local_steps)]
     batches = []
+    end = n - n % cfg.batch_size if cfg.drop_last else n
     for _ in range(cfg.local_epochs):
         order = rng.permutation(n)
-        batches += [order[i : i + cfg.batch_size] for i in range(0, n, cfg.batch_size)]
+        batches += [order[i : i + cfg.batch_size] for i in range(0, end, cfg.batch_size)]
     return batches
 
 
@@ -64,24 +66,37 @@ def local_train(
     y: np.ndarray,
     cfg: TrainConfig,
     rng: np.random.Generator,
+    sample_weights: np.ndarray | None = None,
+    prox_center: list[np.ndarray] | None = None,
 ) -> float:
     """Train ``model`` in place on (x, y); returns the mean training loss.
 
     With ``cfg.prox_mu > 0`` the FedProx term mu/2 * ||w - w_start||^2 keeps the update close to
-    the model the server sent.
+    the model the server sent (or to ``prox_center``, e.g. FedSoft's importance-weighted mix of
+    the cluster centres: sum_k u_k/2 ||w - c_k||^2 has the gradient of 1/2 ||w - sum_k u_k c_k||^2
+    when sum_k u_k = 1). ``sample_weights`` (one per sample) weight the per-sample losses,
+    still averaged over the batch size (soft clustering: FedEM, FedRC).
     """
     if len(y) == 0:
         raise ValueError("no training data")
     xt, yt = _tensors(x, y)
+    wt = None if sample_weights is None else as_tensor(sample_weights)
     model.train()
     opt = _optimizer(model, cfg)
-    anchor = [p.detach().clone() for p in model.parameters()] if cfg.prox_mu > 0 else None
+    anchor = None
+    if cfg.prox_mu > 0:
+        anchor = ([p.detach().clone() for p in model.parameters()] if prox_center is None
+                  else [as_tensor(a) for a in prox_center])
     total = 0.0
     batches = batch_indices(len(yt), cfg, rng)
     for idx in batches:
         idx_t = torch.from_numpy(idx)
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xt[idx_t]), yt[idx_t])
+        if wt is None:
+            loss = F.cross_entropy(model(xt[idx_t]), yt[idx_t])
+        else:
+            per_sample = F.cross_entropy(model(xt[idx_t]), yt[idx_t], reduction="none")
+            loss = (wt[idx_t] * per_sample).mean()
         total += float(loss.detach())
         if anchor is not None:
             prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
@@ -102,6 +117,14 @@ def predict_proba(models: list[nn.Module], weights: list[float], x: np.ndarray) 
         probs = p if probs is None else probs + p
     assert probs is not None
     return probs
+
+
+@torch.no_grad()
+def sample_losses(model: nn.Module, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per-sample cross-entropy of one model (eval mode), as float64."""
+    xt, yt = _tensors(x, y)
+    model.eval()
+    return F.cross_entropy(model(xt), yt, reduction="none").double().numpy()
 
 
 @torch.no_grad()

@@ -11,5 +11,7 @@ from . import fielding as _fielding  # noqa: E402,F401  (query.fielding_rep)
 # -- issue 5: FlexCFL
 from . import flexcfl as _flexcfl  # noqa: E402,F401  (query.pretrain)
 # -- issue 6: FedRC
+from . import fedrc as _fedrc  # noqa: E402,F401  (train.fedrc, evaluate.fedrc)
+from . import fedsoft as _fedsoft  # noqa: E402,F401  (train.fedsoft)
 # -- issue 7: FedCCFA
 from . import fedccfa as _fedccfa  # noqa: E402,F401  (train.fedccfa, query.fedccfa_eval)

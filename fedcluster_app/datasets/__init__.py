@@ -55,5 +55,6 @@ from . import fielding as _fielding  # noqa: E402,F401  (digits-buckets, labels-
 # -- issue 5: FlexCFL
 from . import flexcfl as _flexcfl  # noqa: E402,F401  (registers synthetic-1-1*, digits-pairs*)
 # -- issue 6: FedRC
+from . import fedrc as _fedrc  # noqa: E402,F401  (shifts-3, shifts-3-mild, digits-shifts-3, shifts-*-only)
 # -- issue 7: FedCCFA
 from . import fedccfa as _fedccfa  # noqa: E402,F401  (digits-ccfa, digits-swap-incremental, digits-swap-recurring)

@@ -358,6 +358,11 @@ class Scenario:
     0 = unused), plus ``data_seed``, ``samples_per_step``, ``test_samples``, ``drift_pattern``
     (the resolved schedule source), ``drift_step``, ``dirichlet_alpha``, ``concept_labels`` and
     ``params`` (the normalised build arguments).
+
+    ``holdout_clients`` are clients that never train (FedRC's non-participating test clients):
+    strategies send them no training, and they measure *global* accuracy. Their ``x_train``
+    split is the labelled adaptation data a new client may use before predicting (choosing a
+    cluster, estimating its cluster weights), their ``x_test`` split the data it is scored on.
     """
 
     STEP_CACHE_SIZE = 128
@@ -366,7 +371,8 @@ class Scenario:
                  realisation_factory: Callable[[], object], num_classes: int,
                  input_shape: tuple[int, ...], model: str, hidden: int, data_seed: int,
                  samples_per_step: int, test_samples: int, drift_pattern: str, drift_step: int,
-                 dirichlet_alpha: float, concept_labels: list[str], params: tuple) -> None:
+                 dirichlet_alpha: float, concept_labels: list[str], params: tuple,
+                 holdout_clients: tuple[int, ...] = ()) -> None:
         self.name = name
         self.description = description
         self._matrix = np.asarray(matrix, dtype=np.int64).copy()
@@ -385,6 +391,11 @@ class Scenario:
         self.dirichlet_alpha = float(dirichlet_alpha)
         self.concept_labels = tuple(concept_labels[: self.num_concepts])
         self._params = params
+        self.holdout_clients = tuple(sorted(int(c) for c in holdout_clients))
+        if any(not 0 <= c < self.num_clients for c in self.holdout_clients):
+            raise ValueError(f"holdout clients {self.holdout_clients} outside 0..{self.num_clients - 1}")
+        if len(self.holdout_clients) >= self.num_clients:
+            raise ValueError("a scenario needs at least one client that is not held out")
         self._factory = realisation_factory
         self._realisation: object | None = None
         self._lock = threading.Lock()

@@ -15,6 +15,11 @@ and it validates every reply (wrong shapes or non-finite values are rejected and
 round goes on), evaluates every client on its own cluster's model, writes the results contract
 and checkpoints its whole state atomically.
 
+A scenario may hold *held-out* clients (``scenario.holdout_clients``, e.g. FedRC's test
+clients): they never train, and after each evaluation they pick a model the way a newcomer
+would (``global_eval_task``: by default the lowest loss on their labelled adaptation split) and
+report ``global_accuracy``.
+
 Subclasses override a few hooks: ``on_start``, ``before_round``, ``plan_train``,
 ``on_train_replies``, ``eval_task`` and ``strategy_state``/``load_strategy_state``.
 """
@@ -101,6 +106,9 @@ class ClusteredStrategy(Strategy):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     uses_ground_truth: ClassVar[bool] = False   # only the Oracle may read clients' true concepts
+    # message kinds a family's ClientApp handlers answer instead of the built-in ones, e.g.
+    # {P.TRAIN: "train.fedrc"}; every exchange of that kind is sent under the mapped name
+    message_kinds: ClassVar[dict[str, str]] = {}
 
     def __init__(self, experiment: Experiment) -> None:
         self.exp = experiment
@@ -117,6 +125,7 @@ class ClusteredStrategy(Strategy):
         self._truth: dict[int, dict[int, int]] = {}  # cid -> step -> concept (metrics, Oracle)
         self._round_stats = self._fresh_stats()
         self._shapes = weight_shapes(experiment.spec)
+        self.holdouts = frozenset(experiment.scenario.holdout_clients)  # never trained
 
     # ------------------------------------------------------------------ model registry
     def new_model(self, weights: Weights | None = None) -> int:
@@ -215,6 +224,18 @@ class ClusteredStrategy(Strategy):
             return max(rec.soft, key=lambda m: (rec.soft[m], -m))
         return rec.cluster
 
+    def global_eval_task(self, cid: int) -> Task | None:
+        """How a held-out client is scored: every model goes down and the client predicts with
+        the one of lowest loss on its adaptation split (spec fedrc.md 4.4); None = not scored."""
+        ids = sorted(self.models)
+        if not ids:
+            return None
+        return Task(models=ids, config={P.SELECT: "min-loss"} if len(ids) > 1 else {})
+
+    def check_reply(self, kind: str, reply: Reply) -> None:
+        """Strategy-specific checks of a reply that passed the generic ones; raise
+        RejectedReply to drop that client's contribution this round (logged and counted)."""
+
     def round_metrics(self) -> dict[str, Any]:
         """Strategy-specific keys added to this round's metrics.jsonl line."""
         return {}
@@ -261,6 +282,7 @@ class ClusteredStrategy(Strategy):
     # ------------------------------------------------------------------ messaging
     def exchange(self, grid: Grid, kind: str, tasks: dict[int, Task]) -> list[Reply]:
         """Send one message per task, wait, validate; failures are logged and counted."""
+        kind = self.message_kinds.get(kind, kind)
         messages, sent, packed = [], {}, {}
         for cid, task in sorted(tasks.items()):
             node = self.clients[cid].node_id
@@ -290,6 +312,7 @@ class ClusteredStrategy(Strategy):
             answered.add(node)
             try:
                 reply = self._validate(msg, cid, task)
+                self.check_reply(kind, reply)
             except RejectedReply as ex:
                 self._fail(cid, f"{kind} reply rejected: {ex}")
                 continue
@@ -324,6 +347,8 @@ class ClusteredStrategy(Strategy):
             raise RejectedReply(f"negative num-examples {metrics[P.NUM_EXAMPLES]}")
         models = P.unpack_models(content)
         allowed = set(task.models if task.train_ids is None else task.train_ids)
+        if task.personal:   # a client's own model may come back under the personal id
+            allowed.add(P.PERSONAL_MODEL_ID)
         for mid, arrays in models.items():
             if mid not in allowed:
                 raise RejectedReply(f"returned model {mid}, which it was not asked to train")
@@ -438,7 +463,8 @@ class ClusteredStrategy(Strategy):
             for cid in self.discover(grid):   # newcomers, and returning clients' new node ids
                 self.on_new_client(cid)
             self.before_round(grid, step, new_step)
-            plan = {cid: t for cid, t in self.plan_train(step).items() if cid in self.clients}
+            plan = {cid: t for cid, t in self.plan_train(step).items()
+                    if cid in self.clients and cid not in self.holdouts}
             replies = self.exchange(grid, P.TRAIN, plan)
             self.on_train_replies(step, replies)
             record: dict[str, Any] = {"round": rnd, "time_step": step}
@@ -463,8 +489,11 @@ class ClusteredStrategy(Strategy):
         return {"wall_time_s": time.monotonic() - t0}
 
     def evaluate_clients(self, grid: Grid, step: int) -> dict[str, Any]:
+        """Local accuracy of the participating clients (each on its own cluster's model or
+        mixture), then global accuracy of the held-out clients (``global_eval_task``)."""
         tasks = {}
-        for cid in self.sample(sorted(self.clients), self.cfg.fraction_evaluate):
+        participants = [c for c in sorted(self.clients) if c not in self.holdouts]
+        for cid in self.sample(participants, self.cfg.fraction_evaluate):
             task = self.eval_task(cid)
             if task is not None:
                 tasks[cid] = task
@@ -472,10 +501,13 @@ class ClusteredStrategy(Strategy):
         accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
         out: dict[str, Any] = {
             "accuracy": float(np.mean(list(accs.values()))) if accs else None,
+            "weighted_accuracy": _weighted_accuracy(replies),
             "evaluated_clients": len(accs),
         }
         if len(accs) <= 200:
             out["client_accuracy"] = {str(c): round(a, 5) for c, a in accs.items()}
+        if self.holdouts:
+            out.update(self.evaluate_holdouts(grid))
         truth = {c: self._truth.get(c, {}).get(step) for c in accs}
         truth = {c: k for c, k in truth.items() if k is not None}
         if truth:
@@ -484,6 +516,7 @@ class ClusteredStrategy(Strategy):
             labels = {c: self.cluster_label(c) for c in truth}
             pairs = [(truth[c], -1 if labels[c] is None else labels[c]) for c in truth]
             out["ari"] = float(adjusted_rand_score([p[0] for p in pairs], [p[1] for p in pairs]))
+            out["concept_cluster_mass"] = self.concept_cluster_mass(truth)
             if self.round == 1 or self.exp.time_step(self.round - 1) != step:
                 # a drift happens when a step brings data of another concept: count it once
                 before = {c: self._truth.get(c, {}).get(step - 1) for c in truth}
@@ -491,6 +524,28 @@ class ClusteredStrategy(Strategy):
                     1 for c in truth if before[c] is not None and before[c] != truth[c]
                 )
         return out
+
+    def evaluate_holdouts(self, grid: Grid) -> dict[str, Any]:
+        tasks = {c: t for c in sorted(self.holdouts & set(self.clients))
+                 if (t := self.global_eval_task(c)) is not None}
+        replies = self.exchange(grid, P.EVALUATE, tasks)
+        accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
+        return {
+            "global_accuracy": float(np.mean(list(accs.values()))) if accs else None,
+            "global_client_accuracy": {str(c): round(a, 5) for c, a in accs.items()},
+        }
+
+    def concept_cluster_mass(self, truth: dict[int, int]) -> dict[str, dict[str, float]]:
+        """Concept -> cluster -> summed assignment weight of that concept's clients (soft
+        weights, or 1 on the hard cluster): the paper's concept-by-cluster mass matrix."""
+        mass: dict[str, dict[str, float]] = {}
+        for cid, concept in sorted(truth.items()):
+            rec = self.clients[cid]
+            weights = rec.soft or ({rec.cluster: 1.0} if rec.cluster is not None else {})
+            row = mass.setdefault(str(concept), {})
+            for mid, w in sorted(weights.items()):
+                row[str(mid)] = round(row.get(str(mid), 0.0) + float(w), 6)
+        return mass
 
     @staticmethod
     def _fresh_stats() -> dict[str, Any]:
@@ -577,6 +632,14 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[int, Weights]]:
         raise ValueError(f"checkpoint {path} is corrupt or not a fedcluster checkpoint: "
                          f"{type(ex).__name__}: {ex}") from None
     return meta, models
+
+
+def _weighted_accuracy(replies: list[Reply]) -> float | None:
+    """Test accuracy over all evaluated samples (clients weighted by their test-set size)."""
+    pairs = [(float(r.metrics[P.ACCURACY]), r.num_examples) for r in replies
+             if r.num_examples > 0 and math.isfinite(float(r.metrics[P.ACCURACY]))]
+    total = sum(n for _, n in pairs)
+    return sum(a * n for a, n in pairs) / total if total else None
 
 
 def _keys_to_str(d: dict[int, float] | None) -> dict[str, float] | None:

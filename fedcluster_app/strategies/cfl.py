@@ -77,3 +77,84 @@ class CFLSplitter:
         if np.sqrt((1.0 - alpha_cross) / 2.0) > self.gamma:
             return a, b
         return None
+
+
+# ------------------------------------------------------------------ CFL on the round loop
+# (the FedDrift family's ``cfl`` runs the time-step protocol: train on step t, test on t + 1;
+# the FedRC comparisons need plain rounds over a static population with held-out clients.)
+from typing import Any, ClassVar  # noqa: E402
+
+from ..config import ConfigError  # noqa: E402
+from .base import ClusteredStrategy, Reply, weighted_average  # noqa: E402
+
+
+class RoundCFL(ClusteredStrategy):
+    """CFL (Sattler et al.) as the FedRC paper runs it (spec ``fedrc.md`` 6): one cluster at
+    first; every round each client trains its cluster's model, the cluster model becomes the
+    N_c-weighted average, and a cluster with more than 2 members whose mean update is small
+    (< eps1) while some update is large (> eps2) splits in two by complete linkage on the
+    cosine similarities of the updates, up to ``max-clusters`` (0 = no cap)."""
+
+    name = "cfl-rounds"
+    description = "CFL (Sattler et al.) on plain rounds: recursive bi-partitioning, no cap"
+    HPARAMS: ClassVar[dict[str, Any]] = {"eps1": 0.0, "eps2": 0.0, "gamma": 0.0,
+                                         "max-clusters": 0}
+
+    def __init__(self, experiment) -> None:
+        super().__init__(experiment)
+        hp = self.hparams()
+        unknown = sorted(set(hp) - set(self.HPARAMS))
+        if unknown:
+            raise ConfigError(f"unknown {self.name} hyper-parameter(s) {', '.join(unknown)}; "
+                              f"valid: {', '.join(sorted(self.HPARAMS))}")
+        self.hp = {k: hp.get(k, v) for k, v in self.HPARAMS.items()}
+        for key in ("eps1", "eps2", "gamma"):
+            v = self.hp[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ConfigError(f"{self.name}.{key} must be a number >= 0, got {v!r}")
+        cap = self.hp["max-clusters"]
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ConfigError(f"{self.name}.max-clusters must be an integer >= 0 (0 = no cap), "
+                              f"got {cap!r}")
+        eps1 = float(self.hp["eps1"]) or None      # 0: the reference-code heuristic
+        self.splitter = CFLSplitter(gamma=float(self.hp["gamma"]), eps1=eps1,
+                                    eps2=float(self.hp["eps2"]) or None)
+        self.splits: list[list[int]] = []          # [round, parent, child, *moved clients]
+
+    def on_train_replies(self, step: int, replies: list[Reply]) -> None:
+        for mid in sorted({m for r in replies for m in r.models}):
+            rs = [r for r in replies if mid in r.models]
+            base = flatten(self.models[mid])
+            updates = np.stack([flatten(r.models[mid]) - base for r in rs])
+            self.models[mid] = weighted_average(
+                [(r.models[mid], float(r.model_metrics.get(mid, {}).get("num-examples", r.num_examples)))
+                 for r in rs])
+            cap = int(self.hp["max-clusters"])
+            if len(rs) <= 2 or (cap and len(self.models) >= cap):
+                continue
+            split = self.splitter.propose(updates)
+            if split is not None:
+                child = self.new_model([a.copy() for a in self.models[mid]])
+                moved = [rs[i].cid for i in split[1]]
+                for cid in moved:
+                    self.assign(cid, child)
+                self.splits.append([self.round, mid, child, *moved])
+
+    def round_metrics(self) -> dict[str, Any]:
+        return {"splits": sum(1 for s in self.splits if s[0] == self.round)}
+
+    def summary_extra(self) -> dict[str, Any]:
+        return {"splits": self.splits}
+
+    def strategy_state(self) -> dict[str, Any]:
+        return {"splits": self.splits, "max_mean_norm": self.splitter.max_mean_norm}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        self.splits = [list(s) for s in state["splits"]]
+        self.splitter.max_mean_norm = float(state["max_mean_norm"])
+
+
+class RoundCFL3(RoundCFL):
+    name = "cfl3-rounds"
+    description = "CFL(3) on plain rounds: recursive bi-partitioning, at most 3 clusters"
+    HPARAMS: ClassVar[dict[str, Any]] = {**RoundCFL.HPARAMS, "max-clusters": 3}

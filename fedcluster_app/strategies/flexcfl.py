@@ -166,7 +166,6 @@ class PaperSelection(ClusteredStrategy):
                               f"got {self.selection!r}")
         self.num_scenario_clients = experiment.scenario.num_clients
         self._selected: list[int] = []
-        self._eval_replies: list[Reply] = []
         self._comm = {"models_down": 0, "models_up": 0}
 
     def _int(self, key: str, minimum: int) -> int:
@@ -196,7 +195,7 @@ class PaperSelection(ClusteredStrategy):
 
     # -- selection (spec 2.5)
     def select(self) -> list[int]:
-        cids = sorted(self.clients)
+        cids = sorted(c for c in self.clients if c not in self.holdouts)
         if not cids:
             return []
         if self.selection == "fraction":
@@ -211,20 +210,14 @@ class PaperSelection(ClusteredStrategy):
     # -- accounting
     def exchange(self, grid: Grid, kind: str, tasks: dict[int, Task]) -> list[Reply]:
         replies = super().exchange(grid, kind, tasks)
-        if kind == P.EVALUATE:
-            self._eval_replies = replies
-        else:
+        if kind != P.EVALUATE:
             self._comm["models_down"] += sum(
                 len(t.models) for c, t in tasks.items() if self.clients[c].node_id is not None)
             self._comm["models_up"] += sum(len(r.models) for r in replies)
         return replies
 
     def round_metrics(self) -> dict[str, Any]:
-        n = sum(int(r.metrics.get(P.NUM_EXAMPLES, 0)) for r in self._eval_replies)
-        correct = sum(float(r.metrics[P.ACCURACY]) * int(r.metrics.get(P.NUM_EXAMPLES, 0))
-                      for r in self._eval_replies if math.isfinite(r.metrics[P.ACCURACY]))
-        out = {"weighted_accuracy": correct / n if n else None, **self._comm}
-        self._eval_replies = []
+        out = dict(self._comm)   # weighted_accuracy: computed by the base for every strategy
         self._comm = {"models_down": 0, "models_up": 0}
         return out
 
@@ -506,17 +499,21 @@ class FedGroup(FlexCFL):
 class FeSEM(PaperSelection):
     """FeSEM (Xie et al.): m randomly initialised centres; a selected client joins the centre
     nearest to :meth:`assignment_vector` (its last local solution; w0 if never trained), trains
-    it, and each centre becomes the (unweighted, or n-weighted) mean of its trained copies."""
+    it, and each centre becomes the (unweighted, or n-weighted) mean of its trained copies.
+    ``init = "min-loss"``: a client without a local solution joins the centre of lowest loss on
+    its training data instead (FeSEM as the FedRC paper runs it, spec fedrc.md 6)."""
 
     name = "fesem"
     description = "FeSEM: each selected client joins the centre nearest (L2) to its last local model"
-    HPARAMS: ClassVar[dict[str, Any]] = {"num-groups": 0, "weighted": False,
+    HPARAMS: ClassVar[dict[str, Any]] = {"num-groups": 0, "weighted": False, "init": "w0",
                                          **PaperSelection.HPARAMS}
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
         self.m = self.num_groups_hp()
         self.weighted = bool(self.hp["weighted"])
+        if self.hp["init"] not in ("w0", "min-loss"):
+            raise ConfigError(f"fesem.init must be 'w0' or 'min-loss', got {self.hp['init']!r}")
         self.local: dict[int, np.ndarray] = {}     # server cache of local solutions (flattened)
         self.center_ids: list[int] = []
 
@@ -536,7 +533,14 @@ class FeSEM(PaperSelection):
 
     def before_round(self, grid: Grid, step: int, new_step: bool) -> None:
         self._selected = self.select()
-        self.assign_selected(self._selected)
+        fresh = set()
+        if self.hp["init"] == "min-loss":
+            fresh = {c for c in self._selected if c not in self.local}
+            replies = self.query(grid, P.QUERY_LOSSES, fresh, models=self.center_ids) if fresh else {}
+            for cid, r in replies.items():
+                losses = dict(zip(r.metrics[P.MODEL_IDS], r.metrics[P.LOSSES]))
+                self.assign(cid, min(sorted(losses), key=lambda m: losses[m]))
+        self.assign_selected([c for c in self._selected if c not in fresh])
 
     def plan_train(self, step: int) -> dict[int, Task]:
         return {c: Task(models=[self.clients[c].cluster]) for c in self._selected

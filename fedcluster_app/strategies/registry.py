@@ -27,6 +27,10 @@ _CLASSES.extend([Fielding, FieldingTau0, FieldingTauInf, StaticCFL, Auxo])
 from .flexcfl import STRATEGY_CLASSES as _FLEXCFL  # noqa: E402
 _CLASSES.extend(_FLEXCFL)  # flexcfl, fedgroup, fesem, flexcfl-ifca, flexcfl-fedavg
 # -- issue 6: FedRC
+from .fedrc import STRATEGY_CLASSES as _FEDRC  # noqa: E402
+from .cfl import RoundCFL, RoundCFL3  # noqa: E402
+from .fedsoft import FedSoft  # noqa: E402
+_CLASSES.extend([*_FEDRC, FedSoft, RoundCFL, RoundCFL3])  # fedrc, fedem, fedsoft, cfl-rounds, cfl3-rounds
 # -- issue 7: FedCCFA
 from .fedccfa import STRATEGY_CLASSES as _FEDCCFA  # noqa: E402
 _CLASSES.extend(_FEDCCFA)  # fedccfa, fedrep, fedbabu, flash
