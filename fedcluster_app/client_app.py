@@ -24,8 +24,9 @@ from .experiment import load_experiment
 app = ClientApp()
 
 Models = dict[int, list[np.ndarray]]
-# handler(client, config, models) -> (metrics, models to send back, per-model metrics)
-Handler = Callable[[StreamClient, dict[str, Any], Models], tuple[dict, Models, dict[int, dict]]]
+# handler(client, config, models) -> (metrics, models to send back, per-model metrics), or the
+# same plus other named arrays to send back ({name: arrays}, the reply's ``extra.<name>``)
+Handler = Callable[[StreamClient, dict[str, Any], Models], tuple]
 
 
 def logical_client_id(context: Context) -> int:
@@ -57,9 +58,11 @@ def _wrap(handler: Handler) -> Callable[[Message, Context], Message]:
         client = make_client(context)
         config = _config(msg)
         step = int(config[P.STEP])
-        metrics, models, model_metrics = handler(client, config, P.unpack_models(msg.content))
+        metrics, models, model_metrics, *extras = handler(client, config,
+                                                          P.unpack_models(msg.content))
         base = {P.CLIENT_ID: client.client_id, P.CONCEPT: client.concept(step), P.STEP: step}
-        return Message(P.reply_content({**base, **metrics}, models, model_metrics), reply_to=msg)
+        content = P.reply_content({**base, **metrics}, models, model_metrics, *extras)
+        return Message(content, reply_to=msg)
 
     handle.__name__ = getattr(handler, "__name__", "handler")
     return handle

@@ -20,6 +20,7 @@ QUERY_LOSSES = "query.losses"       # loss and accuracy of every model sent, on 
 QUERY_HISTOGRAM = "query.histogram"  # label histogram of the training window
 
 MODEL_PREFIX = "model."
+EXTRA_PREFIX = "extra."        # other arrays of a reply (e.g. FedCCFA's classifier rows), by name
 CONFIG = "config"
 METRICS = "metrics"
 
@@ -63,6 +64,14 @@ def unpack_models(content: RecordDict) -> dict[int, list[np.ndarray]]:
     }
 
 
+def unpack_extras(content: RecordDict) -> dict[str, list[np.ndarray]]:
+    return {
+        key[len(EXTRA_PREFIX):]: record.to_numpy_ndarrays()
+        for key, record in content.array_records.items()
+        if key.startswith(EXTRA_PREFIX)
+    }
+
+
 def model_metrics_key(mid: int) -> str:
     return f"{METRICS}.{mid}"
 
@@ -82,8 +91,11 @@ def reply_content(
     metrics: dict,
     models: dict[int, list[np.ndarray]] | None = None,
     model_metrics: dict[int, dict] | None = None,
+    extras: dict[str, list[np.ndarray]] | None = None,
 ) -> RecordDict:
     content = RecordDict(pack_models(models or {}))
+    for name, arrays in (extras or {}).items():
+        content[f"{EXTRA_PREFIX}{name}"] = ArrayRecord(arrays)
     content[METRICS] = MetricRecord(metrics)
     for mid, values in (model_metrics or {}).items():
         content[model_metrics_key(mid)] = MetricRecord(values)

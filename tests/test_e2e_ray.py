@@ -27,21 +27,35 @@ def superlinks() -> set[str]:
     return {line.split()[0] for line in ps.stdout.splitlines() if "flower-superlink" in line}
 
 
-def test_flwr_run_on_ray_gives_the_inprocess_metrics(tmp_path):
+FEDRC = ROOT / "presets" / "fedrc-shifts3.toml"
+CASES = {
+    # strategy: (preset, extra run-config keys, the last round line, metrics compared)
+    "ifca": (QUICK, {}, "[round  12/12 | step  6]", ("accuracy", "ari")),
+    # FedRC's own message kinds (train.fedrc, evaluate.fedrc) and held-out test clients
+    "fedrc": (FEDRC, {"num-clients": 6, "rounds-per-step": 3}, "[round   3/3 | step  1]",
+              ("accuracy", "global_accuracy", "concept_cluster_mass")),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(CASES))
+def test_flwr_run_on_ray_gives_the_inprocess_metrics(tmp_path, strategy):
+    preset, extra, last_line, keys = CASES[strategy]
     before = superlinks()
     out = tmp_path / "ray"
-    proc = fedcluster("run", "--engine", "ray", "--strategy", "ifca", "--run-config", str(QUICK),
-                      "--out", str(out))
+    sets = [a for k, v in extra.items() for a in ("--set", f"{k}={v}")]
+    proc = fedcluster("run", "--engine", "ray", "--strategy", strategy, "--run-config", str(preset),
+                      "--out", str(out), *sets)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[round  12/12 | step  6]" in proc.stdout      # the per-round lines reach the user
+    assert last_line in proc.stdout                        # the per-round lines reach the user
     summary, rounds = load_run(out)
-    assert summary["status"] == "completed" and len(rounds) == 12
+    assert summary["status"] == "completed"
 
-    reference = run_inprocess({"strategy": "ifca", "out-dir": str(tmp_path / "inproc"),
-                               "progress": False, **_toml(QUICK)})
+    reference = run_inprocess({**_toml(preset), **extra, "strategy": strategy,
+                               "out-dir": str(tmp_path / "inproc"), "progress": False})
     _, ref_rounds = load_run(Path(reference["out_dir"]))
-    assert [r["accuracy"] for r in rounds] == [r["accuracy"] for r in ref_rounds]
-    assert [r["ari"] for r in rounds] == [r["ari"] for r in ref_rounds]
+    assert len(rounds) == len(ref_rounds)
+    for key in keys:
+        assert [r.get(key) for r in rounds] == [r.get(key) for r in ref_rounds], key
     assert superlinks() <= before                          # the SuperLink it started is gone
 
 

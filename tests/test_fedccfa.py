@@ -246,7 +246,7 @@ def corrupting_app(bad: dict[int, str]):
     def app(msg: Message, ctx):
         reply = client_app(msg, ctx)
         cid = int(ctx.node_config["partition-id"])
-        key = f"{P.MODEL_PREFIX}{CC.EXTRA_ID}"
+        key = f"{P.EXTRA_PREFIX}{CC.EXTRA}"
         if cid in bad and msg.metadata.message_type == CC.TRAIN_KIND and not reply.has_error():
             arrays = reply.content.array_records[key].to_numpy_ndarrays()
             if bad[cid] == "nan":
@@ -295,7 +295,7 @@ def test_personal_classifier_survives_across_rounds_in_context_state(tmp_path):
                 before = ctx.state.array_records[CC.STATE_CLASSIFIER].to_numpy_ndarrays()
         reply = client_app(msg, ctx)
         if cid == 2 and msg.metadata.message_type == CC.TRAIN_KIND:
-            arrays = reply.content.array_records[f"{P.MODEL_PREFIX}{CC.EXTRA_ID}"].to_numpy_ndarrays()
+            arrays = reply.content.array_records[f"{P.EXTRA_PREFIX}{CC.EXTRA}"].to_numpy_ndarrays()
             rnd = int(msg.content.config_records[P.CONFIG][P.ROUND])
             seen[rnd] = (before, arrays[2:4], dict(msg.content.config_records[P.CONFIG]),
                          int(reply.content.metric_records[P.METRICS][CC.PERSONAL_AGE]))

@@ -43,7 +43,7 @@ from .stream_client import StreamClient
 
 TRAIN_KIND = "train.fedccfa"
 EVAL_KIND = "query.fedccfa_eval"
-EXTRA_ID = -2                       # model.<id> of the classifier/anchor record in a reply
+EXTRA = "ccfa"                      # extra.<name> of the classifier/anchor record in a reply
 
 STATE_CLASSIFIER = "fedccfa.personal-classifier"   # ArrayRecord [W (C x d), b (C,)]
 STATE_ANCHORS = "fedccfa.anchors"                  # ArrayRecord [A (C x d), mask (C,)]
@@ -201,10 +201,7 @@ def train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]
         metrics.update(_train_flash(client, config, model, xt, yt, rng, batch))
     else:
         raise ValueError(f"unknown {ALGO} {algo!r}")
-    out = {mid: get_weights(model)}
-    if extra is not None:
-        out[EXTRA_ID] = extra
-    return metrics, out, {}
+    return metrics, {mid: get_weights(model)}, {}, ({EXTRA: extra} if extra is not None else {})
 
 
 def _train_full(model, params, xt, yt, rng, batch, epochs, lr, config) -> float:

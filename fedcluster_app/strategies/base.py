@@ -81,6 +81,7 @@ class Reply:
     metrics: dict[str, Any]
     models: dict[int, Weights] = field(default_factory=dict)
     model_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
+    extras: dict[str, Weights] = field(default_factory=dict)   # unchecked: see check_reply
 
     @property
     def num_examples(self) -> int:
@@ -366,7 +367,7 @@ class ClusteredStrategy(Strategy):
             self._truth.setdefault(cid, {})[int(metrics[P.STEP])] = int(metrics[P.CONCEPT])
         if not self.uses_ground_truth:
             metrics.pop(P.CONCEPT, None)
-        return Reply(cid, metrics, models, model_metrics)
+        return Reply(cid, metrics, models, model_metrics, P.unpack_extras(content))
 
     # ------------------------------------------------------------------ clients
     def discover(self, grid: Grid) -> list[int]:

@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from .. import protocol as P
 from ..clients import fedccfa as C
@@ -45,6 +44,7 @@ class _GeneralisedEval(ClusteredStrategy):
     """Shared machinery: one global model (id 0), train.fedccfa / query.fedccfa_eval messages,
     per-client pending server results, generalised accuracy in metrics.jsonl."""
 
+    message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: C.TRAIN_KIND, P.EVALUATE: C.EVAL_KIND}
     algo: ClassVar[str] = ""
     needs_head: ClassVar[bool] = True
     DEFAULTS: ClassVar[dict[str, Any]] = {}
@@ -126,46 +126,30 @@ class _GeneralisedEval(ClusteredStrategy):
         return min(self.models)
 
     def plan_train(self, step: int) -> dict[int, Task]:
+        self._extras, self._rejected_rows, self._ages = {}, [], []
         return {cid: Task(models=[self.gid], config=self.client_config(cid))
                 for cid in self.sample(sorted(self.clients), self.cfg.fraction_train)}
 
     def eval_task(self, cid: int) -> Task | None:
         return Task(models=[self.gid], config=self.client_config(cid))
 
-    def exchange(self, grid: Grid, kind: str, tasks: dict[int, Task]) -> list[Reply]:
-        kind = {P.TRAIN: C.TRAIN_KIND, P.EVALUATE: C.EVAL_KIND}.get(kind, kind)
-        if kind == C.TRAIN_KIND:
-            self._extras, self._rejected_rows = {}, []
-        replies = super().exchange(grid, kind, tasks)
-        if kind == C.TRAIN_KIND:
-            self._ages = [int(r.metrics[C.PERSONAL_AGE]) for r in replies
-                          if C.PERSONAL_AGE in r.metrics]
-        if kind == C.EVAL_KIND:
-            self._gen = {r.cid: float(r.metrics[C.GEN_ACCURACY]) for r in replies
-                         if C.GEN_ACCURACY in r.metrics}
-        return replies
-
-    def _validate(self, msg, cid: int, task: Task) -> Reply:
-        """Takes FedCCFA's classifier/anchor record out of a train reply and checks it on its
-        own: a bad record rejects that client's rows (logged), not its extractor."""
-        key = f"{P.MODEL_PREFIX}{C.EXTRA_ID}"
-        problem, extra = None, None
-        if not msg.has_error() and key in msg.content.array_records:
-            record = msg.content.array_records[key]
-            self._round_stats["bytes_up"] += sum(len(a.data) for a in record.values())
-            try:
-                extra = self.check_extra(record.to_numpy_ndarrays())
-            except (ValueError, TypeError) as ex:
-                problem = str(ex)
-            del msg.content[key]
-        reply = super()._validate(msg, cid, task)
-        if problem is not None:
-            self._rejected_rows.append(cid)
+    def check_reply(self, kind: str, reply: Reply) -> None:
+        """FedCCFA's classifier/anchor record (``extra.ccfa``) is checked on its own: a bad
+        record rejects that client's rows (logged), not its extractor."""
+        if kind == C.EVAL_KIND and C.GEN_ACCURACY in reply.metrics:
+            self._gen[reply.cid] = float(reply.metrics[C.GEN_ACCURACY])
+        if kind != C.TRAIN_KIND:
+            return
+        if C.PERSONAL_AGE in reply.metrics:
+            self._ages.append(int(reply.metrics[C.PERSONAL_AGE]))
+        if C.EXTRA not in reply.extras:
+            return
+        try:
+            self._extras[reply.cid] = self.check_extra(reply.extras[C.EXTRA])
+        except (ValueError, TypeError) as ex:
+            self._rejected_rows.append(reply.cid)
             log(WARNING, "round %d: client %d: classifier rows and anchors rejected this round: %s",
-                self.round, cid, problem)
-        elif extra is not None:
-            self._extras[cid] = extra
-        return reply
+                self.round, reply.cid, ex)
 
     def check_extra(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         c, d = self._shapes[-2]
