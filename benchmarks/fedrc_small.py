@@ -38,21 +38,21 @@ METHODS = ["fedavg", "ifca", "fesem", "fedem", "fedrc", "oracle"]
 SCENARIOS = ["shifts-3", "shifts-3-mild"]
 
 
-def run_one(job: tuple[str, str, int, int, str]) -> dict:
-    scenario, strategy, seed, rounds, out = job
+def run_one(job: tuple[str, str, int, int, str, dict]) -> dict:
+    scenario, strategy, seed, rounds, out, extra = job
     run_dir = Path(out) / f"{scenario}-{strategy}-s{seed}"
     summary_path = run_dir / "summary.json"
+    overrides = tomllib.loads(PRESET.read_text())
+    overrides.update({"strategy": strategy, "scenario": scenario, "seed": seed,
+                      "rounds-per-step": rounds, **extra})
     if summary_path.is_file():
         old = json.loads(summary_path.read_text())
-        if old.get("status") == "completed" and old.get("rounds") == rounds:
+        if old.get("status") == "completed" and all(
+                old["config"].get(k) == v for k, v in overrides.items()):
             return _row(scenario, strategy, seed, run_dir)
     from fedcluster_app.engine import run_inprocess
 
-    overrides = tomllib.loads(PRESET.read_text())
-    overrides.update({"strategy": strategy, "scenario": scenario, "seed": seed,
-                      "rounds-per-step": rounds, "out-dir": str(run_dir), "plot": False,
-                      "progress": False})
-    run_inprocess(overrides)
+    run_inprocess({**overrides, "out-dir": str(run_dir), "plot": False, "progress": False})
     return _row(scenario, strategy, seed, run_dir)
 
 
@@ -149,9 +149,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     ap.add_argument("--out", default="runs/fedrc-small")
     ap.add_argument("--report", default="", help="also write the markdown report to this file")
+    ap.add_argument("--init", default="", help="override the preset's model init (torch | normal)")
     args = ap.parse_args(argv)
-    jobs = [(sc, m, s, args.rounds, args.out) for sc in args.scenarios for m in args.methods
-            for s in args.seeds]
+    extra = {"init": args.init} if args.init else {}
+    jobs = [(sc, m, s, args.rounds, args.out, extra) for sc in args.scenarios
+            for m in args.methods for s in args.seeds]
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = []
         for row in pool.map(run_one, jobs):

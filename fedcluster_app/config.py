@@ -123,6 +123,7 @@ class RunConfig:
     data_dir: str
     model: str
     hidden: int
+    init: str
     train: TrainConfig
     fraction_train: float
     fraction_evaluate: float
@@ -198,6 +199,7 @@ def validate(cfg: RunConfig) -> None:
         (cfg.window >= 1, f"window must be >= 1 step, got {cfg.window}"),
         (cfg.hidden >= 0, f"hidden must be >= 0, got {cfg.hidden}"),
         (cfg.model in ("", "mlp", "cnn"), f"model must be '', 'mlp' or 'cnn', got {cfg.model!r}"),
+        (cfg.init in ("torch", "normal"), f"init must be 'torch' or 'normal', got {cfg.init!r}"),
         (t.optimizer in ("adam", "sgd"), f"optimizer must be 'adam' or 'sgd', got {t.optimizer!r}"),
         (_positive(t.lr), f"lr must be a positive finite number, got {t.lr}"),
         (0.0 <= t.momentum < 1.0, f"momentum must be in [0, 1), got {t.momentum}"),

@@ -30,7 +30,7 @@ class Experiment:
 def model_spec(cfg: RunConfig, scenario: Scenario) -> ModelSpec:
     kind = cfg.model or scenario.model
     hidden = cfg.hidden or scenario.hidden
-    return ModelSpec(kind, tuple(scenario.input_shape), scenario.num_classes, hidden)
+    return ModelSpec(kind, tuple(scenario.input_shape), scenario.num_classes, hidden, cfg.init)
 
 
 def load_experiment(run_config: dict[str, ConfigValue], server: bool = False) -> Experiment:

@@ -21,10 +21,13 @@ class ModelSpec:
     input_shape: tuple[int, ...]
     num_classes: int
     hidden: int = 0                 # MLP hidden width (0 = multinomial logistic regression)
+    init: str = "torch"             # torch: PyTorch's defaults | normal: N(0, 1/fan_in), bias 0
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
             raise ValueError(f"unknown model {self.kind!r}; valid: {', '.join(MODEL_KINDS)}")
+        if self.init not in INITS:
+            raise ValueError(f"unknown init {self.init!r}; valid: {', '.join(INITS)}")
         if self.kind == "cnn" and len(self.input_shape) != 3:
             raise ValueError(f"the cnn needs (channels, height, width) inputs, got {self.input_shape}")
 
@@ -67,6 +70,7 @@ class CNN(nn.Module):
 
 
 MODEL_KINDS = ("mlp", "cnn")
+INITS = ("torch", "normal")
 
 
 def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
@@ -75,8 +79,16 @@ def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
         if seed is not None:
             torch.manual_seed(seed)
         if spec.kind == "mlp":
-            return MLP(int(np.prod(spec.input_shape)), spec.hidden, spec.num_classes)
-        return CNN(spec.input_shape, spec.num_classes)
+            model: nn.Module = MLP(int(np.prod(spec.input_shape)), spec.hidden, spec.num_classes)
+        else:
+            model = CNN(spec.input_shape, spec.num_classes)
+        if spec.init == "normal":   # FedRC's calibrated recipe (spec fedrc.md 8.1)
+            for layer in model.modules():
+                if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                    fan_in = layer.weight[0].numel()
+                    nn.init.normal_(layer.weight, 0.0, fan_in ** -0.5)
+                    nn.init.zeros_(layer.bias)
+        return model
 
 
 def initial_weights(spec: ModelSpec, seed: int) -> list[np.ndarray]:

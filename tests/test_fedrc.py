@@ -313,3 +313,19 @@ def test_fedrc_separates_concepts_where_fedavg_cannot(tmp_path):
     own = [c for c, row in mass.items() if row[top[c]] > 0.7 * sum(row.values())
            and list(top.values()).count(top[c]) == 1]
     assert own, mass
+
+
+def test_normal_init_is_the_calibrated_recipe():
+    """init = "normal": weights N(0, 1/fan_in), biases 0 (spec 8.1); distinct seeds differ."""
+    from fedcluster_app.models import ModelSpec, initial_weights
+
+    spec = ModelSpec("mlp", (20,), 10, 32, "normal")
+    w1, b1, w2, b2 = initial_weights(spec, 0)
+    assert not b1.any() and not b2.any()
+    assert np.std(w1) == pytest.approx(20 ** -0.5, rel=0.1)
+    assert np.std(w2) == pytest.approx(32 ** -0.5, rel=0.15)
+    assert not np.array_equal(w1, initial_weights(spec, 1)[0])
+    torch_w = initial_weights(ModelSpec("mlp", (20,), 10, 32), 0)[0]
+    assert np.std(torch_w) < 0.7 * np.std(w1)              # PyTorch's default is narrower
+    with pytest.raises(ConfigError, match="init must be"):
+        run_inprocess({**SMALL, "init": "xavier"})
