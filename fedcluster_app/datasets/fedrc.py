@@ -99,7 +99,7 @@ import numpy as np
 
 from .drift import ClassConcept, ClassRealisation, client_prior, cyclic_permutation
 from .generators import ImagePool, stratified_split
-from .scenarios import TAG_PRIOR, Scenario, register_scenario
+from .scenarios import TAG_PRIOR, Scenario, dirichlet_alpha_arg, register_scenario
 
 __all__ = [
     "DIGIT_STYLES",
@@ -454,13 +454,7 @@ def build_fedrc(name: str, *, seed=0, num_clients=0, num_steps=0, samples_per_st
     n_test_default = max(1, n_test_default)
     n_train = n - n_test_default
     n_test = nt_given or n_test_default
-    try:
-        alpha = float(dirichlet_alpha)
-    except (TypeError, ValueError):
-        raise ValueError(f"dirichlet_alpha must be a number, got {dirichlet_alpha!r}") from None
-    if math.isnan(alpha) or alpha < 0:
-        raise ValueError(f"dirichlet_alpha must be >= 0 (0 = the scenario's default, inf = no "
-                         f"label skew), got {dirichlet_alpha!r}")
+    alpha = dirichlet_alpha_arg(dirichlet_alpha)
     alpha = alpha or v.alpha
 
     # roles, dealt to a permutation of the participants' ids

@@ -523,6 +523,18 @@ def _nonneg_int(key: str, value: object) -> int:
     return v
 
 
+def dirichlet_alpha_arg(value: object) -> float:
+    """The ``dirichlet_alpha`` build argument as a float >= 0 (0 = default, inf = no skew)."""
+    try:
+        alpha = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"dirichlet_alpha must be a number, got {value!r}") from None
+    if math.isnan(alpha) or alpha < 0:
+        raise ValueError(f"dirichlet_alpha must be >= 0 (0 = the scenario's default, inf = no "
+                         f"label skew), got {value!r}")
+    return alpha
+
+
 def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps: int = 0,
                    samples_per_step: int = 0, test_samples: int = 0, schedule: str = "",
                    drift_pattern: str = "", drift_step: int = 0, dirichlet_alpha: float = 0.0,
@@ -567,13 +579,7 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
     samples_per_step = _nonneg_int("samples_per_step", samples_per_step)
     test_samples = _nonneg_int("test_samples", test_samples)
     drift_step = _nonneg_int("drift_step", drift_step)
-    try:
-        alpha = float(dirichlet_alpha)
-    except (TypeError, ValueError):
-        raise ValueError(f"dirichlet_alpha must be a number, got {dirichlet_alpha!r}") from None
-    if math.isnan(alpha) or alpha < 0:
-        raise ValueError(f"dirichlet_alpha must be >= 0 (0 = the scenario's default, inf = no "
-                         f"label skew), got {dirichlet_alpha!r}")
+    alpha = dirichlet_alpha_arg(dirichlet_alpha)
     pattern = str(drift_pattern).strip().lower()
     pattern = _PATTERN_ALIASES.get(pattern, pattern)
     if pattern and pattern not in DRIFT_PATTERNS:

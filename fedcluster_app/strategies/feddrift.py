@@ -21,7 +21,6 @@ import math
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
-import numpy as np
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 

@@ -8,7 +8,7 @@ adds the IFCA variants and the other baselines. Their hyper-parameters are in
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from flwr.serverapp import Grid
