@@ -329,3 +329,24 @@ def test_normal_init_is_the_calibrated_recipe():
     assert np.std(torch_w) < 0.7 * np.std(w1)              # PyTorch's default is narrower
     with pytest.raises(ConfigError, match="init must be"):
         run_inprocess({**SMALL, "init": "xavier"})
+
+
+def test_a_participant_that_never_trained_estimates_its_weights_before_predicting(tmp_path):
+    seen: dict[int, list[bool]] = {}
+
+    def spy(msg: Message, ctx):
+        if msg.metadata.message_type == C.EVAL_KIND:
+            cid = int(ctx.node_config["partition-id"])
+            config = msg.content.config_records[P.CONFIG]
+            seen.setdefault(int(config[P.ROUND]), []).append((cid, bool(config.get(C.ESTIMATE))))
+        return client_app(msg, ctx)
+
+    cfg = small(tmp_path, strategy="fedrc", **{"fraction-train": 0.5, "rounds-per-step": 2})
+    run_inprocess(cfg, client_app=spy)
+    rounds = records({"out_dir": cfg["out-dir"]})
+    evaluated = {int(c) for c in rounds[0]["client_accuracy"]}
+    assert evaluated == set(range(6))                       # every participant is scored
+    estimated = {cid for cid, est in seen[1] if est and cid < 6}
+    assert len(estimated) == 3                             # the 3 not sampled in round 1
+    assert {cid for cid, est in seen[1] if cid >= 6} == {6, 7, 8} and all(
+        est for cid, est in seen[1] if cid >= 6)          # held-out clients always estimate

@@ -187,6 +187,8 @@ class FedRC(ClusteredStrategy):
 
     # ---------------------------------------------------------------- evaluation
     def eval_task(self, cid: int) -> Task | None:
+        if cid not in self.mass_cache:    # never trained (partial participation): it has no
+            return self.global_eval_task(cid)   # omega yet, so it estimates one as a newcomer
         if not self.hp["hard-test"]:
             return super().eval_task(cid)             # the omega-mixture
         return Task(models=[self.cluster_label(cid)])  # TeHC: the argmax-omega model
