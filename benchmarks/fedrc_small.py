@@ -15,6 +15,7 @@ B = 32, SGD lr 0.2, K = 3), in-process, and writes a markdown report with
 
     python benchmarks/fedrc_small.py                       # 3 seeds, both scenarios (~1 h on 2 cores)
     python benchmarks/fedrc_small.py --seeds 0 --rounds 30 --out /tmp/fedrc   # a quick look
+    python benchmarks/fedrc_small.py --scenarios shifts-3 --set init=torch --out runs/fedrc-torch-init
 
 Runs already present under ``--out`` (a summary.json with status "completed" and the same
 number of rounds) are reused, so an interrupted sweep continues where it stopped.
@@ -97,8 +98,9 @@ def report(rows: list[dict], seeds: list[int], rounds: int, command: str) -> str
         by[(r["scenario"], r["strategy"])].append(r)
     for scenario in dict.fromkeys(r["scenario"] for r in rows):
         lines += [f"### {scenario}", "",
-                  "| method | global final | global last-5 | local final | local last-5 | s / round |",
-                  "|---|---|---|---|---|---|"]
+                  "| method | global final | global last-5 | local final | local last-5 | K end "
+                  "| s / round |",
+                  "|---|---|---|---|---|---|---|"]
         for strategy in dict.fromkeys(r["strategy"] for r in rows):
             rs = by.get((scenario, strategy), [])
             if rs:
@@ -106,6 +108,7 @@ def report(rows: list[dict], seeds: list[int], rounds: int, command: str) -> str
                              f"{_ms([r['global_last5'] for r in rs])} | "
                              f"{_ms([r['local_final'] for r in rs])} | "
                              f"{_ms([r['local_last5'] for r in rs])} | "
+                             f"{'/'.join(str(r['num_clusters']) for r in rs)} | "
                              f"{np.mean([r['s_per_round'] for r in rs]):.3f} |")
         lines.append("")
     lines += ["### Acceptance checks (spec 8.2, mean over seeds of the final global accuracy)", ""]
@@ -149,9 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     ap.add_argument("--out", default="runs/fedrc-small")
     ap.add_argument("--report", default="", help="also write the markdown report to this file")
-    ap.add_argument("--init", default="", help="override the preset's model init (torch | normal)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a run-config key of the preset, repeatable (e.g. init=torch)")
     args = ap.parse_args(argv)
-    extra = {"init": args.init} if args.init else {}
+    from fedcluster_app.config import parse_assignment
+
+    extra = dict(parse_assignment(a) for a in args.set)
     jobs = [(sc, m, s, args.rounds, args.out, extra) for sc in args.scenarios
             for m in args.methods for s in args.seeds]
     with ProcessPoolExecutor(args.jobs) as pool:
