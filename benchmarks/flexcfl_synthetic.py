@@ -11,6 +11,8 @@ checks the spec's pass criteria (i)-(iii). Results also go to ``--json``.
         --methods flexcfl-fedavg fedgroup flexcfl --scenarios synthetic-1-1 synthetic-1-1-swap
     python benchmarks/flexcfl_synthetic.py --seeds 1 --rounds 50 --epochs 2 \\
         --methods flexcfl-ifca fesem --scenarios synthetic-1-1-swap
+    python benchmarks/flexcfl_synthetic.py --seeds 1 --rounds 50 --epochs 2 \\
+        --methods flexcfl-ifca-mig fesem-mig --scenarios synthetic-1-1-swap   # Fig. 6's -MIG
     python benchmarks/flexcfl_synthetic.py --scenarios digits-pairs digits-pairs-swap \\
         --rounds 60 --epochs 5 --k 10 --set lr=0.05   # spec 8.2 (smoke)
 """
@@ -39,7 +41,8 @@ def one_run(args: tuple) -> dict:
     cfg.update({"scenario": scenario, "strategy": method, "data-seed": seed, "seed": 0,
                 "num-steps": rounds, "local-epochs": epochs, "progress": False, "plot": False,
                 "out-dir": str(Path(out) / f"{method}-{scenario}-d{seed}")})
-    for table in ("flexcfl", "fedgroup", "fesem", "flexcfl-ifca", "flexcfl-fedavg"):
+    for table in ("flexcfl", "fedgroup", "fesem", "flexcfl-ifca", "flexcfl-fedavg",
+                  "flexcfl-ifca-mig", "fesem-mig"):
         cfg[f"{table}.clients-per-round"] = k
     cfg.update(dict(parse_assignment(x) for x in extra))
     out_dir = Path(cfg["out-dir"])
@@ -63,6 +66,7 @@ def summarize(scenario: str, method: str, seed: int, k: int, out_dir: Path, wall
         "max": max(acc), "last10": statistics.mean(acc[-10:]),
         "migrations": sum(r.get("migrations", 0) for r in recs),
         "shift_cold_starts": sum(r.get("shift_cold_starts", 0) for r in recs),
+        "shift_reassignments": sum(r.get("shift_reassignments", 0) for r in recs),
         "newcomers": sum(r.get("newcomers", 0) for r in recs),
         "models_down": sum(r["models_down"] for r in recs),
         "models_up": sum(r["models_up"] for r in recs),
@@ -78,7 +82,8 @@ def _paper_units(method: str, cfg: dict, recs: list[dict]) -> dict:
     if method not in ("flexcfl", "fedgroup"):
         return {}
     m = int(cfg.get(f"{method}.num-groups", 0) or cfg["num-clusters"])
-    n_pre = int(cfg[f"{method}.pretrain-scale"]) * m
+    alpha = int(cfg[f"{method}.pretrain-scale"]) or 20
+    n_pre = m if cfg.get(f"{method}.rcc") else min(alpha * m, int(cfg.get("num-clients") or 100))
     newcomers = sum(r.get("newcomers", 0) for r in recs)
     shifts = sum(r.get("shift_cold_starts", 0) for r in recs)
     measured = sum(r["models_down"] + r["models_up"] for r in recs)

@@ -3,6 +3,7 @@ acceptance checks and the bad inputs. Tiny configs: 20 clients, a few rounds."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +17,19 @@ from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.experiment import load_experiment
 from fedcluster_app.results import load_run
 from fedcluster_app.strategies.base import read_checkpoint
+from fedcluster_app import protocol as P
+from fedcluster_app.strategies import flexcfl as flexcfl_module
 from fedcluster_app.strategies.flexcfl import (
     FlexCFL,
+    cosine_matrix,
     edc_embedding,
     edc_kmeans,
+    flatten,
     inter_group_aggregate,
+    madc_cluster,
+    madc_matrix,
     nearest_model,
+    rac_group,
     shift_distance,
 )
 from fedcluster_app.strategies.registry import build_strategy
@@ -40,7 +48,8 @@ def tiny(tmp_path, name="run", **over):
         "flexcfl.pretrain-scale": 2, "flexcfl.clients-per-round": 5,
         "fedgroup.pretrain-scale": 2, "fedgroup.clients-per-round": 5,
         "fesem.clients-per-round": 5, "flexcfl-ifca.clients-per-round": 5,
-        "flexcfl-fedavg.clients-per-round": 5,
+        "flexcfl-fedavg.clients-per-round": 5, "flexcfl-ifca-mig.clients-per-round": 5,
+        "fesem-mig.clients-per-round": 5,
     }
     cfg.update(over)
     return cfg
@@ -175,8 +184,8 @@ def test_shift_distances():
     assert nearest_model(np.zeros(3), {4: np.ones(3), 2: np.full(3, 2.0), 7: -np.ones(3)}) == 4
 
 
-def _strategy(tmp_path, **over):
-    rc = merge_overrides(default_run_config(), tiny(tmp_path, strategy="flexcfl", **over))
+def _strategy(tmp_path, strategy="flexcfl", **over):
+    rc = merge_overrides(default_run_config(), tiny(tmp_path, strategy=strategy, **over))
     exp = load_experiment(rc)
     strat = build_strategy(exp)
     grid = InProcessGrid(rc, exp.scenario.num_clients)
@@ -194,8 +203,6 @@ def test_group_cold_start_is_deterministic_with_nonempty_groups(tmp_path):
     assert sum(sizes) == 6 and min(sizes) >= 1
     assert set(a.directions) == set(a.group_ids)
     for g in a.group_ids:   # w^(g) = w0 + mean of the members' updates
-        from fedcluster_app.strategies.flexcfl import flatten
-
         assert np.allclose(flatten(a.models[g]), flatten(a.models[a.w0_id]) + a.directions[g],
                            atol=1e-6)
     b, grid_b = _strategy(tmp_path, scenario="synthetic-1-1")
@@ -354,6 +361,19 @@ def test_non_finite_pretraining_update_is_left_out_and_the_run_goes_on(tmp_path,
         ({"flexcfl.clients-per-round": 0}, "clients-per-round must be an integer >= 1"),
         ({"strategy": "fedgroup", "fedgroup.eta-g": -1.0}, "fedgroup.eta-g must be"),
         ({"strategy": "fesem", "fesem.num-groups": -2}, "fesem.num-groups (m) must be >= 1"),
+        ({"flexcfl.measure": "cosine"}, "flexcfl.measure must be one of edc, madc"),
+        ({"flexcfl.rcc": "maybe"}, "flexcfl.rcc must be of type bool"),
+        ({"flexcfl.rac": "sometimes"}, "flexcfl.rac must be of type bool"),
+        ({"flexcfl.rcc": True, "flexcfl.measure": "MADC"}, "with flexcfl.rcc = true"),
+        ({"flexcfl.eval-model": "latest"}, "flexcfl.eval-model must be one of current_group, "
+                                           "last_received"),
+        ({"strategy": "fesem", "fesem.eval-model": "x"}, "fesem.eval-model must be one of"),
+        ({"strategy": "flexcfl-ifca-mig", "flexcfl-ifca-mig.shift-metric": "kl"},
+         "flexcfl-ifca-mig.shift-metric must be one of scipy_counts, tv"),
+        ({"strategy": "fesem-mig", "fesem-mig.shift-threshold": -1},
+         "fesem-mig.shift-threshold must be a finite number >= 0"),
+        ({"strategy": "flexcfl-fedavg", "flexcfl-fedavg.eval-model": "last_received"},
+         "unknown run-config key 'flexcfl-fedavg.eval-model'"),   # FedAvg: current model
     ],
 )
 def test_bad_hyper_parameters_fail_before_the_first_round(tmp_path, over, expected):
@@ -370,15 +390,209 @@ class CrashAt5(CrashingGrid):
     crash_round = 5
 
 
-@pytest.mark.parametrize("strategy", ["flexcfl", "fesem"])
+@pytest.mark.parametrize("strategy", ["flexcfl", "fesem", "flexcfl-ifca-mig"])
 def test_resume_continues_exactly(tmp_path, strategy):
     over = {"drift-pattern": "swap-all@0.3", "checkpoint-every": 2}
+    if strategy == "flexcfl-ifca-mig":    # also the shift references and last_received snapshots
+        over[f"{strategy}.eval-model"] = "last_received"
     full = rounds_of(run_inprocess(tiny(tmp_path, "full", strategy=strategy, **over)))
     cfg = tiny(tmp_path, "crash", strategy=strategy, **over)
     with pytest.raises(RuntimeError, match="server crashed"):
         run_inprocess(cfg, grid_cls=CrashAt5)
     resumed = run_inprocess(cfg | {"resume-from": cfg["out-dir"]})
     assert resumed["status"] == "completed"
-    keys = ("weighted_accuracy", "group_sizes", "shifted_clients", "migrations", "models_down")
+    keys = ("weighted_accuracy", "group_sizes", "shifted_clients", "migrations", "models_down",
+            "shift_reassignments", "client_accuracy")
     strip = lambda rs: [tuple(r.get(k) for k in keys) for r in rs]  # noqa: E731
     assert strip(rounds_of(resumed)) == strip(full)
+
+
+# ----------------------------------------------------------------------------- issue 5, part 2:
+# MADC, RCC, RAC, the -MIG baselines and the last_received evaluation
+def test_madc_on_a_hand_made_similarity_matrix():
+    s = np.array([[1.0, 0.5, 0.2, 0.0],
+                  [0.5, 1.0, 0.4, 0.1],
+                  [0.2, 0.4, 1.0, 0.9],
+                  [0.0, 0.1, 0.9, 1.0]])
+    d = madc_matrix(s)
+    # MADC(i, j) = 1/(n-2) sum_{z != i, j} |S(i, z) - S(j, z)|, n = 4
+    assert d[0, 1] == pytest.approx((abs(0.2 - 0.4) + abs(0.0 - 0.1)) / 2)      # 0.15
+    assert d[0, 3] == pytest.approx((abs(0.5 - 0.1) + abs(0.2 - 0.9)) / 2)      # 0.55
+    assert d[2, 3] == pytest.approx((abs(0.2 - 0.0) + abs(0.4 - 0.1)) / 2)      # 0.25
+    assert d[1, 2] == pytest.approx((abs(0.5 - 0.2) + abs(0.1 - 0.9)) / 2)      # 0.55
+    assert np.allclose(d, d.T) and np.all(np.diag(d) == 0)
+    labels = madc_cluster(d, 2)             # complete linkage: {0, 1} and {2, 3}
+    assert labels[0] == labels[1] != labels[2] == labels[3]
+    # against a direct triple loop on random updates
+    rng = np.random.default_rng(3)
+    sim = cosine_matrix(rng.standard_normal((7, 30)))
+    assert np.allclose(np.diag(sim), 1.0)
+    brute = np.array([[sum(abs(sim[i, z] - sim[j, z]) for z in range(7) if z not in (i, j)) / 5
+                       if i != j else 0.0 for j in range(7)] for i in range(7)])
+    assert np.allclose(madc_matrix(sim), brute)
+
+
+def _no_edc(*args, **kwargs):
+    raise AssertionError("the EDC path (SVD / k-means) must not run")
+
+
+def test_madc_group_cold_start_clusters_without_the_svd(tmp_path, monkeypatch):
+    monkeypatch.setattr(flexcfl_module, "edc_embedding", _no_edc)
+    monkeypatch.setattr(flexcfl_module, "edc_kmeans", _no_edc)
+    a, grid = _strategy(tmp_path, scenario="synthetic-1-1", **{"flexcfl.measure": "MADC"})
+    a.group_cold_start(grid)
+    n_pre = 2 * 3
+    assert a.measure == "madc" and a.embedding.shape == (n_pre, n_pre)   # the MADC matrix
+    assert np.allclose(a.embedding, a.embedding.T) and np.all(np.diag(a.embedding) == 0)
+    assert list(madc_cluster(a.embedding, 3)) == a.pre_labels
+    sizes = [len(a.members(g)) for g in a.group_ids]
+    assert sum(sizes) == n_pre and min(sizes) >= 1 and set(a.directions) == set(a.group_ids)
+
+
+def test_rcc_uses_no_svd_and_makes_m_single_client_groups(tmp_path, monkeypatch):
+    monkeypatch.setattr(flexcfl_module, "edc_embedding", _no_edc)
+    monkeypatch.setattr(flexcfl_module, "edc_kmeans", _no_edc)
+    monkeypatch.setattr(flexcfl_module, "madc_cluster", _no_edc)
+    real_svd = np.linalg.svd
+
+    def svd_not_from_flexcfl(*args, **kwargs):    # the data generator may use it, FlexCFL not
+        if sys._getframe(1).f_globals.get("__name__") == flexcfl_module.__name__:
+            _no_edc()
+        return real_svd(*args, **kwargs)
+
+    monkeypatch.setattr(np.linalg, "svd", svd_not_from_flexcfl)
+    a, grid = _strategy(tmp_path, scenario="synthetic-1-1", **{"flexcfl.rcc": True})
+    a.group_cold_start(grid)
+    assert a.embedding is None and len(a.pre_clients) == 3          # m clients, not alpha*m
+    assert [a.members(g) for g in a.group_ids] == [[c] for c in a.pre_clients]
+    w0 = flatten(a.models[a.w0_id])
+    again = a._pretrain(grid, a.pre_clients)        # same round: the same pre-training
+    for g, c in zip(a.group_ids, a.pre_clients):
+        # the group's model is that client's pre-trained model, its direction that update
+        assert np.allclose(a.directions[g], again[c][0])
+        assert np.allclose(flatten(a.models[g]), w0 + again[c][0], atol=1e-6)
+    b, grid_b = _strategy(tmp_path, scenario="synthetic-1-1", **{"flexcfl.rcc": True})
+    b.group_cold_start(grid_b)
+    assert b.pre_clients == a.pre_clients                            # seeded draw
+    # everybody else is cold and joins later by direction; a whole run completes
+    s = run_inprocess(tiny(tmp_path, "rcc", strategy="flexcfl", scenario="synthetic-1-1",
+                           **{"flexcfl.rcc": True, "num-steps": 4}))
+    rounds = rounds_of(s)
+    assert s["status"] == "completed" and sum(r["newcomers"] for r in rounds) == N - 3
+    assert sum(rounds[-1]["group_sizes"]) == N and len(rounds[-1]["group_sizes"]) == 3
+
+
+def test_rac_assigns_newcomers_uniformly_at_random_not_by_direction(tmp_path):
+    a, grid = _strategy(tmp_path, scenario="synthetic-1-1", **{"flexcfl.rac": True})
+    a.group_cold_start(grid)
+    warm = {c: a.clients[c].cluster for c in a.pre_clients}
+    cold = [c for c in sorted(a.clients) if c not in warm]
+    a.cold_start(grid, cold, "newcomers")
+    groups = sorted(a.directions)
+    got = {c: a.clients[c].cluster for c in cold}
+    assert got == {c: rac_group(a.cfg.seed, a.round, c, groups) for c in cold}
+    assert {c: a.clients[c].cluster for c in a.pre_clients} == warm   # clustered ones stay
+    # the same newcomers by direction (rac = false, same seed: same groups) land elsewhere
+    b, grid_b = _strategy(tmp_path, scenario="synthetic-1-1")
+    b.group_cold_start(grid_b)
+    assert b.pre_labels == a.pre_labels and set(b.directions) == set(groups)
+    b.cold_start(grid_b, cold, "newcomers")
+    assert any(b.clients[c].cluster != got[c] for c in cold)
+    # deterministic per seed, uniform over the groups, another seed draws otherwise
+    c2, grid_c = _strategy(tmp_path, scenario="synthetic-1-1", **{"flexcfl.rac": True})
+    c2.group_cold_start(grid_c)
+    c2.cold_start(grid_c, cold, "newcomers")
+    assert {c: c2.clients[c].cluster for c in cold} == got
+    draws = np.bincount([rac_group(0, 1, c, [4, 7, 9]) for c in range(3000)], minlength=10)
+    assert set(np.flatnonzero(draws)) == {4, 7, 9} and draws[[4, 7, 9]].min() > 900
+    assert [rac_group(1, 1, c, groups) for c in range(40)] != \
+        [rac_group(0, 1, c, groups) for c in range(40)]
+
+
+@pytest.mark.parametrize("strategy", ["flexcfl-ifca-mig", "fesem-mig"])
+def test_mig_variants_reassign_exactly_the_shifted_clients_and_count_models(tmp_path, strategy):
+    steps, m = 10, 3
+    s = run_inprocess(tiny(tmp_path, strategy=strategy, **{
+        "num-steps": steps, "drift-pattern": "swap-all@0.3"}))
+    rounds = rounds_of(s)
+    assert s["status"] == "completed" and all(r["failures"] == 0 for r in rounds)
+    scen = build_scenario("synthetic-1-1-swap", num_clients=N, num_steps=steps, seed=0,
+                          samples_per_step=150, drift_pattern="swap-all@0.3")
+    sel, _ = _strategy(tmp_path, strategy, **{"num-steps": steps})
+
+    def counts(k, t):
+        return np.bincount(scen.step_data(k, t).y_train, minlength=10)
+
+    n_orig = {k: len(scen.step_data(k, 1).y_train) for k in range(N)}
+    ref, expected = {}, []
+    for t in range(1, steps + 1):
+        hit = [k for k in sorted(ref)       # warm: assigned in an earlier round
+               if shift_distance("scipy_counts", counts(k, t), ref[k]) > 0.2 * n_orig[k] / 10]
+        for k in hit:
+            ref[k] = counts(k, t)
+        sel.round = t
+        for k in sel.select():             # a client's first assignment sets its reference
+            ref.setdefault(k, counts(k, t))
+        expected.append(hit)
+    assert [r["shifted_clients"] for r in rounds] == expected
+    assert sum(map(len, expected)) > 0
+    assert [r["shift_reassignments"] for r in rounds] == [len(e) for e in expected]
+    assert all(0 <= r["migrations"] <= r["shift_reassignments"] for r in rounds)
+    assert all(r["trained_clients"] == 5 and r["models_up"] == 5 for r in rounds)
+    if strategy == "flexcfl-ifca-mig":     # (m+1)K per round, plus m per shifted client
+        assert [r["models_down"] for r in rounds] == [m * 5 + m * len(e) for e in expected]
+    else:                                  # FeSEM-MIG: nothing extra (2K per round)
+        assert all(r["models_down"] == 5 for r in rounds)
+    assert s["shift_reassignments_total"] == sum(map(len, expected))
+    assert s["migrations_total"] == sum(r["migrations"] for r in rounds)
+
+
+def _recording_app(seen):
+    """The ClientApp, recording (kind, round, client, models received, model ids returned)."""
+    def app(msg, ctx):
+        reply = client_app(msg, ctx)
+        kind = msg.metadata.message_type
+        if kind in (P.TRAIN, P.EVALUATE):
+            got = {k: msg.content.array_records[k].to_numpy_ndarrays()
+                   for k in msg.content.array_records}
+            back = [k for k in reply.content.array_records if k.startswith(P.MODEL_PREFIX)]
+            rnd = int(msg.content.config_records[P.CONFIG][P.ROUND])
+            seen.append((kind, rnd, int(ctx.node_config["partition-id"]), got, back))
+        return reply
+
+    return app
+
+
+@pytest.mark.parametrize("strategy", ["flexcfl", "flexcfl-ifca"])
+def test_last_received_evaluates_with_the_model_last_trained_from(tmp_path, strategy):
+    over = {"num-steps": 5, f"{strategy}.eval-model": "last_received"}
+    seen = []
+    s = run_inprocess(tiny(tmp_path, strategy=strategy, **over), client_app=_recording_app(seen))
+    assert s["status"] == "completed"
+    w0, _ = _strategy(tmp_path, strategy)
+    w0 = w0.initial_weights()
+    last, checked, from_w0 = {}, 0, 0
+    for kind, rnd, cid, got, back in seen:       # messages in the order they were answered
+        if kind == P.TRAIN:
+            (key,) = back                        # the model it trained (IFCA: its choice)
+            last[cid] = got[key]
+            continue
+        (model,) = got.values()
+        expect = last.get(cid, w0)
+        from_w0 += cid not in last
+        assert all(np.array_equal(x, y) for x, y in zip(model, expect)), (rnd, cid)
+        checked += 1
+    assert checked > 0 and checked - from_w0 > 0
+    # current_group (the default) sends other models: the groups after aggregation
+    seen_cur = []
+    run_inprocess(tiny(tmp_path, "cur", strategy=strategy, **{"num-steps": 5}),
+                  client_app=_recording_app(seen_cur))
+    def ev(ss):
+        return {(r, c): list(g.values())[0] for k, r, c, g, _ in ss if k == P.EVALUATE}
+
+    a, b = ev(seen), ev(seen_cur)
+    assert a.keys() == b.keys()
+    assert any(not all(np.array_equal(x, y) for x, y in zip(a[k], b[k])) for k in a)
+    # snapshots are dropped once no client refers to them
+    models = read_checkpoint(Path(s["out_dir"]))[1]
+    assert len(models) <= 3 + 1 + N

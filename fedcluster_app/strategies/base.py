@@ -43,7 +43,7 @@ from flwr.serverapp.strategy import Strategy
 
 from .. import protocol as P
 from ..atomic import atomic_open
-from ..config import section
+from ..config import ConfigError, section
 from ..experiment import Experiment
 from ..models import initial_weights, weight_shapes
 from ..results import RunRecorder, format_round_line
@@ -174,6 +174,17 @@ class ClusteredStrategy(Strategy):
     def hparams(self) -> dict[str, Any]:
         """This strategy's own run-config table, ``[tool.flwr.app.config.<name>]``."""
         return section(self.cfg.raw, self.name)
+
+    def checked_hparams(self, defaults: dict[str, Any], table: str = "") -> dict[str, Any]:
+        """``defaults`` overridden by the run-config table ``table`` (default: this strategy's
+        name); a key the strategy does not know is a ConfigError listing the valid ones."""
+        table = table or self.name
+        given = section(self.cfg.raw, table)
+        unknown = sorted(set(given) - set(defaults))
+        if unknown:
+            raise ConfigError(f"unknown {table} hyper-parameter(s) {', '.join(unknown)}; valid: "
+                              f"{', '.join(sorted(defaults))}")
+        return {k: given.get(k, v) for k, v in defaults.items()}
 
     def true_concept(self, cid: int, step: int) -> int | None:
         if not self.uses_ground_truth:

@@ -102,12 +102,7 @@ class RoundCFL(ClusteredStrategy):
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        hp = self.hparams()
-        unknown = sorted(set(hp) - set(self.HPARAMS))
-        if unknown:
-            raise ConfigError(f"unknown {self.name} hyper-parameter(s) {', '.join(unknown)}; "
-                              f"valid: {', '.join(sorted(self.HPARAMS))}")
-        self.hp = {k: hp.get(k, v) for k, v in self.HPARAMS.items()}
+        self.hp = self.checked_hparams(self.HPARAMS)
         for key in ("eps1", "eps2", "gamma"):
             v = self.hp[key]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:

@@ -30,7 +30,7 @@ from flwr.common.logger import log
 
 from .. import protocol as P
 from ..clients import fedrc as C
-from ..config import ConfigError, section
+from ..config import ConfigError
 from .base import ClusteredStrategy, RejectedReply, Reply, Task
 
 MASS_FLOOR = 1e-8           # A[k, y] is clamped here before normalising (code)
@@ -51,12 +51,7 @@ class FedRC(ClusteredStrategy):
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        hp = section(self.cfg.raw, "fedrc")          # one table for fedrc and fedem
-        unknown = sorted(set(hp) - set(self.HPARAMS))
-        if unknown:
-            raise ConfigError(f"unknown fedrc hyper-parameter(s) {', '.join(unknown)}; valid: "
-                              f"{', '.join(sorted(self.HPARAMS))}")
-        self.hp = {k: hp.get(k, v) for k, v in self.HPARAMS.items()}
+        self.hp = self.checked_hparams(self.HPARAMS, "fedrc")   # one table for fedrc and fedem
         self.prune_threshold = self._number("prune-threshold")
         if not 0.0 <= self.prune_threshold < 1.0:
             raise ConfigError(f"fedrc.prune-threshold must be in [0, 1) (0 = never remove a "

@@ -31,12 +31,7 @@ class FedSoft(ClusteredStrategy):
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        hp = self.hparams()
-        unknown = sorted(set(hp) - set(self.HPARAMS))
-        if unknown:
-            raise ConfigError(f"unknown fedsoft hyper-parameter(s) {', '.join(unknown)}; valid: "
-                              f"{', '.join(sorted(self.HPARAMS))}")
-        self.hp = {k: hp.get(k, v) for k, v in self.HPARAMS.items()}
+        self.hp = self.checked_hparams(self.HPARAMS)
         for key, ok, rule in (("sigma", lambda v: 0 < v < 1, "in (0, 1)"),
                               ("lambda", lambda v: v >= 0, ">= 0")):
             v = self.hp[key]

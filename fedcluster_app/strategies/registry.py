@@ -25,7 +25,7 @@ from .fielding_auxo import Auxo  # noqa: E402
 _CLASSES.extend([Fielding, FieldingTau0, FieldingTauInf, StaticCFL, Auxo])
 # -- issue 5: FlexCFL
 from .flexcfl import STRATEGY_CLASSES as _FLEXCFL  # noqa: E402
-_CLASSES.extend(_FLEXCFL)  # flexcfl, fedgroup, fesem, flexcfl-ifca, flexcfl-fedavg
+_CLASSES.extend(_FLEXCFL)  # flexcfl, fedgroup, fesem, flexcfl-ifca, flexcfl-fedavg, flexcfl-ifca-mig, fesem-mig
 # -- issue 6: FedRC
 from .fedrc import STRATEGY_CLASSES as _FEDRC  # noqa: E402
 from .cfl import RoundCFL, RoundCFL3  # noqa: E402
