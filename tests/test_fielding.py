@@ -118,6 +118,26 @@ def test_tau_ablations_and_static_cfl(tmp_path):
     assert {r["num_clusters"] for r in static} == {3}
 
 
+def test_adjust_sampled_moves_a_drifted_client_only_once_it_is_sampled(tmp_path):
+    # ablation "re-cluster the selected clients only" (fielding.md 6.7, 5.2)
+    _, rounds = _run(tmp_path, "sampled", strategy="fielding", **{"fielding.adjust": "sampled"})
+    by_round = {r["round"]: r for r in rounds}
+    movers = _movers(5)
+    small = by_round[5]
+    assert small["fielding_drifted"] == 9
+    moved = {m[0] for m in small.get("fielding_moved", [])}
+    assert moved <= movers and small["fielding_pending"] == 9 - len(moved) > 0
+    # later rounds without drift: pending movers move as they get sampled, nobody else moves
+    pending = [by_round[r]["fielding_pending"] for r in range(5, 9)]
+    assert pending == sorted(pending, reverse=True) and pending[-1] < pending[0]
+    for r in range(6, 9):
+        later = {m[0] for m in by_round[r].get("fielding_moved", [])}
+        assert later <= movers - moved
+        moved |= later
+    assert pending[-1] == 9 - len(moved)
+    assert all(r["trained_clients"] == 9 for r in rounds)
+
+
 def test_budget_floor_m_over_k_and_remainder_to_the_largest():
     # floor(M/K) each, capped at the cluster's size; only M - K*floor(M/K) goes to the largest
     assert split_budget({1: 10, 2: 5, 3: 2}, 9) == {1: 3, 2: 3, 3: 2}
@@ -141,6 +161,8 @@ def test_participants_per_round(tmp_path):
     ({"fielding.tau": -1.0}, "fielding.tau"),
     ({"fielding.trigger": "always"}, "fielding.trigger"),
     ({"fielding.malicious-fraction": 1.5}, "fielding.malicious-fraction"),
+    ({"fielding.n-keep": -1}, "fielding.n-keep"),
+    ({"fielding.adjust": "some"}, "fielding.adjust"),
 ])
 def test_bad_config_fails_before_the_first_round(tmp_path, overrides, match):
     sent = []

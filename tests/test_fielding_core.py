@@ -151,3 +151,129 @@ def test_js_distance_is_bounded_and_symmetric():
     assert core.distance(a, b, "js") == pytest.approx(core.distance(b, a, "js"))
     with pytest.raises(ValueError, match="unknown distance"):
         core.Points(np.ones((2, 2)), "manhattan")
+
+
+# ------------------------------------------------------------------ lock-step l1 k-means
+def _buckets(rng, n, d=40, per=(2, 7)):
+    """Streaming-window-like label vectors: a few random labels per client, unstructured."""
+    x = np.zeros((n, d))
+    for i in range(n):
+        labels = rng.choice(d, size=int(rng.integers(*per)), replace=False)
+        x[i, labels] = rng.dirichlet(np.ones(len(labels)))
+    return x
+
+
+def _brute_kmeans_cost(x, labels, centers):
+    return float(np.abs(x - centers[labels]).sum())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_lock_step_kmeans_finds_the_same_clusters_as_the_per_restart_loop(seed):
+    rng = np.random.default_rng(seed)
+    sparse_groups = [tuple(rng.choice(60, 4, replace=False)) for _ in range(6)]
+    for x, true_k in ((_groups(rng)[0], 3),
+                      (_groups(rng, n_per=25, d=60, groups=sparse_groups)[0], 6)):
+        pts = core.Points(x, "l1")
+        for k in (2, true_k, true_k + 2):
+            old = core.kmeans(pts, k, 5, np.random.default_rng(seed), batched=False)
+            for keep in (None, 2):
+                new = core.kmeans(pts, k, 5, np.random.default_rng(seed), batched=True, keep=keep)
+                # the reported centers and cost are those of the returned partition
+                assert new.cost == pytest.approx(_brute_kmeans_cost(x, new.labels, new.centers))
+                if k == true_k:                 # the clusters: found by both
+                    assert new.cost == pytest.approx(old.cost, rel=1e-9)
+                    assert adjusted_rand_score(old.labels, new.labels) == 1.0
+                else:                           # no clear answer: ties may lead elsewhere
+                    assert new.cost <= old.cost * 1.05
+        old = core.cluster(x, "l1", 2, 8, 5, seed=seed, batched=False)
+        new = core.cluster(x, "l1", 2, 8, 5, seed=seed, batched=True, keep=2)
+        assert new.k == old.k and adjusted_rand_score(old.labels, new.labels) == 1.0
+
+
+def test_lock_step_kmeans_is_as_good_on_unstructured_label_vectors():
+    # exact ties (rounding) can lead both engines to different local optima: compare quality
+    rng = np.random.default_rng(7)
+    x = _buckets(rng, 400)
+    pts = core.Points(x, "l1")
+    for k in (3, 8):
+        old = [core.kmeans(pts, k, 6, np.random.default_rng(s), batched=False).cost
+               for s in range(4)]
+        new = [core.kmeans(pts, k, 6, np.random.default_rng(s), batched=True).cost
+               for s in range(4)]
+        halved = [core.kmeans(pts, k, 6, np.random.default_rng(s), batched=True, keep=2).cost
+                  for s in range(4)]
+        assert np.mean(new) == pytest.approx(np.mean(old), rel=0.01)
+        assert np.mean(halved) == pytest.approx(np.mean(old), rel=0.01)
+        res = core.kmeans(pts, k, 6, np.random.default_rng(0), batched=True)
+        assert res.cost == pytest.approx(_brute_kmeans_cost(x, res.labels, res.centers))
+        # a Lloyd fixed point: every client is at a nearest center of the partition it ended in
+        dist = pts.to_centers(res.centers)
+        assert np.all(dist[np.arange(len(x)), res.labels] <= dist.min(1) + 1e-9)
+
+
+def test_successive_halving_only_drops_restarts_that_are_still_running():
+    x, truth = _groups(np.random.default_rng(3))
+    pts = core.Points(x, "l1")
+    full = core.kmeans(pts, 3, 8, np.random.default_rng(1), batched=True)
+    # every restart converges before iteration 50: pruning there changes nothing
+    late = core.kmeans(pts, 3, 8, np.random.default_rng(1), batched=True, keep=1, prune_at=50)
+    assert late.cost == full.cost and np.array_equal(late.labels, full.labels)
+    early = core.kmeans(pts, 3, 8, np.random.default_rng(1), batched=True, keep=1, prune_at=1)
+    assert adjusted_rand_score(truth, early.labels) == 1.0
+
+
+def test_dense_pass_matches_the_sparse_pass_and_brute_force():
+    rng = np.random.default_rng(4)
+    x = _buckets(rng, 200, d=30)
+    pts = core.Points(x, "l1")
+    ent = pts._l1_entries()
+    centers = np.stack([core.kmeans_pp(pts, 4, rng) for _ in range(3)])
+    centers = 0.5 * centers + 0.5 * rng.dirichlet(np.ones(30), size=(3, 4))
+    cnorm = ent.norms(centers)
+    dense = ent.full(centers, cnorm)                                   # R x K x N
+    r, i = np.repeat(np.arange(3), 200), np.tile(np.arange(200), 3)
+    pairs = ent.to_pairs(centers, cnorm, r, i).reshape(4, 3, 200).transpose(1, 0, 2)
+    brute = np.abs(x[None, None, :, :] - centers[:, :, None, :]).sum(-1)
+    assert np.allclose(dense, brute, atol=1e-12) and np.allclose(pairs, brute, atol=1e-12)
+    own = ent.to_own(centers, cnorm, r, i, np.tile(np.arange(200) % 4, 3))
+    assert np.allclose(own, brute[r, np.tile(np.arange(200) % 4, 3), i], atol=1e-12)
+    # dense data (every label everywhere) or signed vectors: the sparse pass does it
+    assert core.Points(rng.dirichlet(np.ones(6), 50), "l1")._l1_entries().full(
+        rng.dirichlet(np.ones(6), (2, 3)), np.ones((2, 3))) is None
+    assert core.Points(rng.normal(size=(50, 6)), "l1")._l1_entries().support() is None
+
+
+@pytest.mark.parametrize("kind", ["dense", "signed", "duplicates"])
+def test_lock_step_kmeans_on_dense_signed_and_duplicate_points(kind):
+    rng = np.random.default_rng(5)
+    if kind == "dense":
+        x = rng.dirichlet(np.ones(8), size=120)
+    elif kind == "signed":
+        x = rng.normal(size=(120, 5)) + np.repeat(np.eye(5)[:3] * 6, 40, axis=0)
+    else:                                              # 3 distinct points, K = 5 asked
+        x = np.repeat(np.eye(4)[:3], 40, axis=0)
+    pts = core.Points(x, "l1")
+    k = 5 if kind == "duplicates" else 3
+    old = core.kmeans(pts, k, 4, np.random.default_rng(2), batched=False)
+    new = core.kmeans(pts, k, 4, np.random.default_rng(2), batched=True)
+    assert new.cost == pytest.approx(_brute_kmeans_cost(x, new.labels, new.centers))
+    assert new.cost <= old.cost * 1.02 + 1e-9
+    assert len(new.centers) == len(np.unique(new.labels)) == new.labels.max() + 1
+    if kind == "duplicates":
+        assert len(new.centers) == 3 and new.cost == pytest.approx(0.0, abs=1e-9)
+
+
+def test_engine_is_picked_by_size(monkeypatch):
+    calls = []
+    batch = core._lloyd_l1_batch
+    monkeypatch.setattr(core, "_lloyd_l1_batch", lambda *a, **k: calls.append(1) or batch(*a, **k))
+    x, _ = _groups(np.random.default_rng(6))
+    core.cluster(x, "l1", 2, 4, 3, seed=0)
+    assert calls == []                                   # 30 clients: per-restart engine
+    monkeypatch.setattr(core, "_BATCH_MIN_CLIENTS", 30)
+    core.cluster(x, "l1", 2, 4, 3, seed=0)
+    assert len(calls) == 3                               # one lock-step batch per K
+    core.cluster(x, "sqeuclidean", 2, 4, 3, seed=0)      # l1 only
+    dense = np.random.default_rng(1).dirichlet(np.ones(10), size=30)
+    core.cluster(dense, "l1", 2, 4, 3, seed=0)           # sparse vectors only
+    assert len(calls) == 3

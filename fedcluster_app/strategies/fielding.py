@@ -19,7 +19,10 @@ is logged in metrics.jsonl (``fielding_*`` keys).
 
 Strategies here: ``fielding``; the ablations ``fielding-tau0`` (global re-clustering on every
 drift) and ``fielding-tauinf`` (moves only); ``static-cfl`` (cluster once at the start with the
-same routine, never update). All read ``[tool.flwr.app.config.fielding]``.
+same routine, never update). All read ``[tool.flwr.app.config.fielding]``. The ablation
+"re-cluster only the selected clients" (fielding.md 6.7, 5.2) is ``adjust = "sampled"``: a
+drifted client's report waits until the client is sampled for training; then it moves (the same
+HANDLE_DRIFT, trigger included) and trains its new cluster's model.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .base import ClusteredStrategy, Reply, Task, weighted_average
 DEFAULT_METRIC = {"label": "l1", "embedding": "sqeuclidean", "gradient": "cosine"}
 BUDGETS = ("floor", "proportional")
 AGGREGATIONS = ("uniform", "samples")
+ADJUST = ("drifted", "sampled")   # which drifted clients are acted on: all, or only when sampled
 
 
 def _choice(h: dict, key: str, default: str, valid: tuple[str, ...]) -> str:
@@ -145,6 +149,8 @@ class Fielding(ClusteredStrategy):
             raise ConfigError(f"the K range fielding.k-min..k-max = {self.k_min}..{self.k_max} is "
                               f"larger than the {n} clients allow: K must be <= N - 1 = {n - 1}")
         self.n_init = _number(h, "n-init", 10, 1, integer=True)
+        self.n_keep = _number(h, "n-keep", 2, 0, integer=True)
+        self.adjust = _choice(h, "adjust", "drifted", ADJUST)
         self.min_silhouette = _number(h, "min-silhouette", -1.0, -1.0, 1.0)
         self.participants = _number(h, "participants", 0, 0, integer=True)
         self.budget = _choice(h, "budget", "floor", BUDGETS)
@@ -156,6 +162,7 @@ class Fielding(ClusteredStrategy):
         self.log_moves = _number(h, "log-moves", 100, 0, integer=True)
         _number(h, "malicious-fraction", 0.0, 0.0, 1.0)     # read by the clients
         self.reps: dict[int, np.ndarray] = {}
+        self.pending: dict[int, np.ndarray] = {}             # adjust = "sampled": not yet acted on
         self.centers: dict[int, np.ndarray] = {}
         self.ref_centers: dict[int, np.ndarray] = {}         # of the last global clustering
         self.reclusters = 0
@@ -295,6 +302,14 @@ class Fielding(ClusteredStrategy):
             newcomers = {c: v for c, v in reports.items() if c not in self.reps}
             self.reps.update(newcomers)
             self.place_without_update(newcomers)
+        elif reports and self.adjust == "sampled":
+            # ablation: a drifted client is acted on only when it is sampled (plan_train);
+            # clients that never had a cluster are placed now (they could never be sampled)
+            newcomers = {c: v for c, v in reports.items() if c not in self.reps}
+            self.pending.update({c: v for c, v in reports.items() if c in self.reps})
+            if newcomers:
+                self.reps.update(newcomers)
+                self.handle(set(newcomers))
         elif reports:
             self.reps.update(reports)
             self.handle(set(reports))
@@ -361,7 +376,7 @@ class Fielding(ClusteredStrategy):
         k_before = len(self.centers)
         res = core.cluster(pts.x, self.metric, self.k_min, self.k_max, self.n_init,
                            seed=[self.cfg.seed, self.round, 0xC1], min_silhouette=self.min_silhouette,
-                           pts=pts)
+                           pts=pts, keep=self.n_keep or None)
         old = self.cluster_ids()
         if why == "initial" or not old:
             fresh = self.initial_weights()         # every cluster starts from the same x0
@@ -405,7 +420,18 @@ class Fielding(ClusteredStrategy):
         return split_budget(sizes, total, self.budget)
 
     def plan_train(self, step: int) -> dict[int, Task]:
-        return sample_clusters(self, self.budget_per_cluster())
+        plan = sample_clusters(self, self.budget_per_cluster())
+        due = {c for c in plan if c in self.pending}
+        if due:
+            # adjust = "sampled": the sampled drifted clients move (the same HANDLE_DRIFT,
+            # which may re-cluster everybody) and train the model of their new cluster
+            self.reps.update({c: self.pending.pop(c) for c in sorted(due)})
+            self.handle(due)
+            plan = {c: Task(models=[self.clients[c].cluster]) for c in plan
+                    if self.clients[c].cluster is not None}
+        if self.adjust == "sampled":
+            self.events["fielding_pending"] = len(self.pending)
+        return plan
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:
         for mid, items in self.collect_updates(replies).items():
@@ -424,6 +450,7 @@ class Fielding(ClusteredStrategy):
         vec = lambda d: {str(k): [float(x) for x in v] for k, v in d.items()}  # noqa: E731
         return {
             "reps": vec(self.reps), "centers": vec(self.centers), "ref_centers": vec(self.ref_centers),
+            "pending": vec(self.pending),
             "reclusters": self.reclusters, "delta": self.delta, "last_triggered": self.last_triggered,
             "initialized": self.initialized, "probe_id": self.probe_id,
         }
@@ -433,6 +460,7 @@ class Fielding(ClusteredStrategy):
         self.reps = arr(state["reps"])
         self.centers = arr(state["centers"])
         self.ref_centers = arr(state["ref_centers"])
+        self.pending = arr(state.get("pending", {}))
         self.reclusters = int(state["reclusters"])
         self.delta = float(state["delta"])
         self.last_triggered = bool(state["last_triggered"])
