@@ -1,7 +1,8 @@
 """Shared helpers of the Fielding benchmarks: run a configuration in-process, windows of mean
 accuracy, time-to-target-accuracy in rounds and in simulated time.
 
-Time-to-target (fielding.md 4.4, ambiguity 13): the first round after which a run's mean client
+Time-to-target (fielding.md 4.4, ambiguity 13; computed in fedcluster_app.results, which
+`fedcluster report` also uses): the first round after which a run's mean client
 accuracy never drops below the target again; the target defaults to the final accuracy of the
 global model (FedAvg/FedProx). Simulated time uses a simple cost model (ambiguity 12): clients
 train in parallel, so a round costs one participant's model download + upload
@@ -24,7 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 
 from fedcluster_app.engine import run_inprocess  # noqa: E402
-from fedcluster_app.results import load_run  # noqa: E402
+from fedcluster_app.results import (  # noqa: E402,F401  (re-exported for the benchmarks)
+    load_run,
+    round_seconds,
+    rounds_to_target,
+    time_to_target,
+)
 
 OUT = Path(os.environ.get("FIELDING_BENCH_OUT", "/tmp/fielding-bench"))
 
@@ -43,31 +49,6 @@ def run(strategy: str, scenario: str, seed: int, **overrides) -> tuple[dict, lis
 def window(rounds: list[dict], first: int, last: int) -> float:
     """Mean accuracy over rounds first..last (1-based, inclusive)."""
     return float(np.mean([r["accuracy"] for r in rounds if first <= r["round"] <= last]))
-
-
-def rounds_to_target(rounds: list[dict], target: float) -> int | None:
-    """First round after which the accuracy stays >= target; None if it never does."""
-    acc = [r["accuracy"] for r in rounds]
-    for i in range(len(acc)):
-        if all(a >= target for a in acc[i:]):
-            return rounds[i]["round"]
-    return None
-
-
-def round_seconds(r: dict, local_steps: int, step_s: float, bandwidth: float) -> float:
-    trained = max(int(r.get("trained_clients", 0)), 1)
-    model = r["bytes_up"] / trained
-    reports = r.get("fielding_report_bytes", 0) / max(int(r.get("fielding_drifted", 0) or 0), 1)
-    return local_steps * step_s + (2 * model + reports) / bandwidth
-
-
-def time_to_target(rounds: list[dict], target: float, local_steps: int, step_s: float = 0.05,
-                   bandwidth: float = 1e6) -> float | None:
-    r_hit = rounds_to_target(rounds, target)
-    if r_hit is None:
-        return None
-    return float(sum(round_seconds(r, local_steps, step_s, bandwidth) for r in rounds
-                     if r["round"] <= r_hit))
 
 
 def fmt(x, nd=3) -> str:

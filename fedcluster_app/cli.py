@@ -59,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="compare finished runs: a table and a plot")
     rep.add_argument("dirs", nargs="+", type=Path)
     rep.add_argument("--plot", type=Path, help="where to write the comparison plot")
+    rep.add_argument("--baseline", help="strategy whose run is the time-to-target reference "
+                     "(default: fedavg or fedprox runs of the same scenario and seed)")
+    rep.add_argument("--target", type=float, help="target accuracy (default: the baseline's "
+                     "final accuracy)")
     return p
 
 
@@ -175,7 +179,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .results import compare_runs
 
-    print(compare_runs(args.dirs, out_path=args.plot))
+    print(compare_runs(args.dirs, out_path=args.plot, baseline=args.baseline, target=args.target))
     if args.plot:
         print(f"\nplot: {args.plot}")
     return 0

@@ -587,7 +587,78 @@ def _table(header: list[str], rows: list[list[str]], align: list[str]) -> list[s
     return out
 
 
-def compare_runs(run_dirs: list, out_path: str | os.PathLike | None = None) -> str:
+# --------------------------------------------------------------------------------------------
+# Time to target accuracy (fielding.md 4.4 and ambiguities 12-13)
+# --------------------------------------------------------------------------------------------
+
+GLOBAL_BASELINES = ("fedavg", "fedprox")   # the default reference of the time-to-target table
+
+
+def rounds_to_target(rounds: list[dict], target: float) -> int | None:
+    """First round after which the (evaluated) accuracy never drops below ``target`` again;
+    None if it never gets there."""
+    evaluated = [r for r in rounds if r.get("accuracy") is not None]
+    for i, r in enumerate(evaluated):
+        if all(e["accuracy"] >= target for e in evaluated[i:]):
+            return r["round"]
+    return None
+
+
+def round_seconds(r: dict, local_steps: int, step_s: float = 0.05, bandwidth: float = 1e6) -> float:
+    """Simulated seconds of one round: clients train in parallel, so a round costs one
+    participant's model download + upload (bytes_up / trained clients, twice) over ``bandwidth``
+    bytes/s, ``local_steps`` SGD steps of ``step_s`` s, and Fielding's drift reports."""
+    trained = max(int(r.get("trained_clients") or 0), 1)
+    model = (r.get("bytes_up") or 0) / trained
+    reports = (r.get("fielding_report_bytes") or 0) / max(int(r.get("fielding_drifted") or 0), 1)
+    return local_steps * step_s + (2 * model + reports) / bandwidth
+
+
+def time_to_target(rounds: list[dict], target: float, local_steps: int, step_s: float = 0.05,
+                   bandwidth: float = 1e6) -> float | None:
+    """Simulated seconds until :func:`rounds_to_target`; None if the target is never held."""
+    hit = rounds_to_target(rounds, target)
+    if hit is None:
+        return None
+    return float(sum(round_seconds(r, local_steps, step_s, bandwidth) for r in rounds
+                     if r["round"] <= hit))
+
+
+def time_to_target_table(runs: list[tuple[Path, dict, list[dict]]], names: list[str],
+                         baseline: str | None = None, target: float | None = None) -> list[str]:
+    """Markdown lines: per run, rounds and simulated seconds until its accuracy stays above the
+    target, and the speed-up over the baseline run of the same scenario and seed (target: that
+    baseline's final accuracy unless given). Empty when no run has a baseline."""
+    wanted = (baseline,) if baseline else GLOBAL_BASELINES
+    refs = {(s["scenario"], s["seed"]): (s, r) for _, s, r in runs if s["strategy"] in wanted}
+    rows = []
+    for name, (_, summary, records) in zip(names, runs):
+        ref = refs.get((summary["scenario"], summary["seed"]))
+        if ref is None:
+            continue
+        goal = target if target is not None else ref[0].get("final_accuracy")
+        if goal is None:
+            continue
+        steps = lambda s: int((s.get("config") or {}).get("local-steps") or 0)  # noqa: E731
+        mine_r, ref_r = rounds_to_target(records, goal), rounds_to_target(ref[1], goal)
+        mine_t = time_to_target(records, goal, steps(summary))
+        ref_t = time_to_target(ref[1], goal, steps(ref[0]))
+        rows.append([_cell(name), _cell(summary["strategy"]), _fmt(goal),
+                     "never" if mine_r is None else str(mine_r),
+                     _fmt(mine_t, 1), _fmt(ref_r / mine_r if mine_r and ref_r else None, 2),
+                     _fmt(ref_t / mine_t if mine_t and ref_t else None, 2)])
+    if not rows:
+        return []
+    what = baseline or "/".join(GLOBAL_BASELINES)
+    lines = ["", f"## Time to target accuracy (target: the {what} run's final accuracy on the "
+             "same scenario and seed, unless --target; simulated time: fielding.md 4.4)", ""]
+    return lines + _table(["run", "strategy", "target", "rounds to target", "simulated s",
+                           f"speed-up vs {what} (rounds)", "speed-up (simulated time)"], rows,
+                          ["l", "l", "r", "r", "r", "r", "r"])
+
+
+def compare_runs(run_dirs: list, out_path: str | os.PathLike | None = None,
+                 baseline: str | None = None, target: float | None = None) -> str:
     """Markdown comparison of runs: a per-run table and a per-(strategy, scenario) table.
 
     The group table gives mean ± sample std (ddof=1) over the group's runs of each metric,
@@ -634,6 +705,7 @@ def compare_runs(run_dirs: list, out_path: str | os.PathLike | None = None) -> s
     lines += ["", "## By strategy and scenario (mean ± sample std over seeds)", ""]
     lines += _table(["strategy", "scenario", "n seeds"] + metrics, g_rows,
                     ["l", "l", "r"] + ["r"] * len(metrics))
+    lines += time_to_target_table(runs, names, baseline, target)
     text = "\n".join(lines) + "\n"
 
     if out_path is not None:

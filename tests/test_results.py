@@ -651,3 +651,24 @@ def test_long_runs_get_a_progress_bar_on_their_round_lines():
     assert line.endswith("|#####---------------|  25%")
     short = format_round_line({"round": 5, "time_step": 1, "accuracy": 0.5, "num_clusters": 2}, 12)
     assert "%" not in short
+
+
+def test_report_shows_the_time_to_target_speed_up_over_the_global_model(tmp_path):
+    make_run(tmp_path / "avg", "fedavg", "s", 0, [0.5, 0.6, 0.7, 0.8])
+    make_run(tmp_path / "fld", "fielding", "s", 0, [0.6, 0.8, 0.85, 0.9])
+    make_run(tmp_path / "slow", "auxo", "s", 0, [0.1, 0.2, 0.3, 0.79])
+    make_run(tmp_path / "other", "fielding", "t", 0, [0.9, 0.9, 0.9, 0.9])   # no baseline
+    text = results.compare_runs([tmp_path / d for d in ("avg", "fld", "slow", "other")])
+    section = text.split("## Time to target accuracy")[1]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in section.splitlines() if line.startswith("| ") and "---" not in line}
+    # target = FedAvg's final 0.8: 4 rounds for FedAvg, 2 for Fielding (speed-up 2.00)
+    assert rows["fld"] == ["fielding", "0.8000", "2", "4.0", "2.00", "2.00"]
+    assert rows["avg"] == ["fedavg", "0.8000", "4", "8.0", "1.00", "1.00"]
+    assert rows["slow"][2:] == ["never", "n/a", "n/a", "n/a"]
+    assert "other" not in rows
+    # an explicit target and baseline
+    text = results.compare_runs([tmp_path / "avg", tmp_path / "fld"], baseline="fedavg", target=0.6)
+    assert "| fld " in text.split("## Time to target accuracy")[1]
+    assert results.rounds_to_target([{"round": 1, "accuracy": 0.7}, {"round": 2, "accuracy": 0.5},
+                                     {"round": 3, "accuracy": 0.9}], 0.6) == 3
