@@ -833,6 +833,18 @@ class MigrationMixin:
     MIG_HPARAMS: ClassVar[dict[str, Any]] = {"shift-metric": "scipy_counts",
                                              "shift-threshold": 0.2}
 
+    def __init__(self, experiment) -> None:
+        super().__init__(experiment)  # type: ignore[call-arg]  (the baseline strategy's)
+        self._mig_init()
+
+    def on_start(self) -> None:
+        super().on_start()  # type: ignore[misc]
+        self.note_sizes()
+
+    def on_new_client(self, cid: int) -> None:
+        super().on_new_client(cid)  # type: ignore[misc]
+        self.note_sizes([cid])
+
     def _mig_init(self) -> None:
         self.mig_totals = {"shift_reassignments": 0, "migrations": 0}
         self._mig_round = dict.fromkeys(self.mig_totals, 0)
@@ -894,18 +906,6 @@ class FlexIFCAMig(MigrationMixin, FlexIFCA):
                    "the lowest-loss model at once (m models down)")
     HPARAMS: ClassVar[dict[str, Any]] = {**FlexIFCA.HPARAMS, **MigrationMixin.MIG_HPARAMS}
 
-    def __init__(self, experiment) -> None:
-        super().__init__(experiment)
-        self._mig_init()
-
-    def on_start(self) -> None:
-        super().on_start()
-        self.note_sizes()
-
-    def on_new_client(self, cid: int) -> None:
-        super().on_new_client(cid)
-        self.note_sizes([cid])
-
     def before_round(self, grid: Grid, step: int, new_step: bool) -> None:
         self._selected = self.select()
         self.migrate(grid)
@@ -932,18 +932,6 @@ class FeSEMMig(MigrationMixin, FeSEM):
     description = ("FeSEM-MIG: fesem plus the label-shift check; a shifted client joins the "
                    "centre nearest to its cached local model at once")
     HPARAMS: ClassVar[dict[str, Any]] = {**FeSEM.HPARAMS, **MigrationMixin.MIG_HPARAMS}
-
-    def __init__(self, experiment) -> None:
-        super().__init__(experiment)
-        self._mig_init()
-
-    def on_start(self) -> None:
-        super().on_start()
-        self.note_sizes()
-
-    def on_new_client(self, cid: int) -> None:
-        super().on_new_client(cid)
-        self.note_sizes([cid])
 
     def before_round(self, grid: Grid, step: int, new_step: bool) -> None:
         self._selected = self.select()
