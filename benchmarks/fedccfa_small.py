@@ -54,6 +54,7 @@ VARIANTS = {   # method name -> (strategy, extra overrides)
     "fedccfa-eps0.1": ("fedccfa", {"fedccfa.eps": 0.1}),
     "fedccfa-eps0.2": ("fedccfa", {"fedccfa.eps": 0.2}),
     "adaptive-fedavg": ("adaptive-fedavg", {}),
+    "adaptive-fedavg-rounds": ("adaptive-fedavg-rounds", {}),   # spec 6: lr adapted every round
 }
 
 

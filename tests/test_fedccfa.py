@@ -439,3 +439,76 @@ def test_global_anchor_variant_sends_one_mean_anchor_per_class(tmp_path):
         np.testing.assert_allclose(anc, np.mean([extras[k][4] for k in range(4)], 0), atol=1e-5)
     with pytest.raises(ConfigError, match="fedccfa.anchors"):
         FedCCFA(experiment(tmp_path, **{"fedccfa.anchors": "nearest"}))
+
+
+# ------------------------------------------------------------------------------- Adaptive-FedAvg
+def test_adaptive_lr_schedule_on_hand_computed_values():
+    """Spec 6 with its constants (beta 0.7 / 0.3 / 0.7, eta0 0.01), m^_0 = 0 (authors' code)."""
+    from fedcluster_app.strategies.adaptive_lr import AdaptiveLR
+
+    s = AdaptiveLR(0.01, 0.7, 0.3, 0.7, zero_start=True)
+    assert s.lr == 0.01                                    # round 1 trains at eta0
+    # t = 1, w = [1, 3]: v1 = 0.7 * mean([1, 9]) = 3.5, v^1 = 3.5 / 0.7 = 5; ratio 1:
+    # rho1 = 0.3, rho^1 = 1 -> lr = min(0.01, 0.01 * 1 / 1)
+    assert s.update(np.array([1.0, 3.0]), 1) == pytest.approx(0.01, abs=1e-15)
+    assert s.s_hat_prev == pytest.approx(5.0)
+    # t = 2, w = [2, 3]: m^1 = [1, 3], mean((w - m^1)^2) = 0.5; v2 = 0.3 * 3.5 + 0.7 * 0.5 = 1.4,
+    # v^2 = 1.4 / 0.91 = 20/13; ratio = 4/13; rho2 = 0.21 + 0.3 * 4/13 = 393/1300,
+    # rho^2 = rho2 / 0.51 = 131/221; lr = 0.01 * (131/221) / 2
+    assert s.update(np.array([2.0, 3.0]), 2) == pytest.approx(0.01 * 131 / 442, rel=1e-12)
+    assert s.s_hat_prev == pytest.approx(20 / 13, rel=1e-12)
+    np.testing.assert_allclose(s.mu / (1 - 0.7 ** 2), [27 / 17, 3.0], rtol=1e-12)   # m^2
+    # a jump of the weights (a drift) raises the variance ratio: capped at eta0
+    assert s.update(np.array([100.0, 3.0]), 3) == 0.01
+
+
+def test_adaptive_fedavg_rounds_sends_the_adapted_lr(tmp_path):
+    import json
+    from pathlib import Path
+
+    from fedcluster_app.results import RunRecorder
+    from fedcluster_app.strategies import build_strategy
+    from fedcluster_app.strategies.adaptive_lr import AdaptiveLR, AdaptiveFedAvgRounds
+    from fedcluster_app.strategies.cfl import flatten
+
+    sent: dict[int, list[dict]] = {}
+
+    def spy(msg: Message, ctx):
+        if msg.metadata.message_type.startswith("train"):
+            cfg = dict(msg.content.config_records[P.CONFIG])
+            sent.setdefault(int(cfg[P.ROUND]), []).append(cfg)
+        return client_app(msg, ctx)
+
+    rc = merge_overrides(default_run_config(), tiny(tmp_path, strategy="adaptive-fedavg-rounds",
+                                                    **{"rounds-per-step": 3}))
+    s = build_strategy(load_experiment(rc))
+    assert isinstance(s, AdaptiveFedAvgRounds)
+    after: list = []                                     # the global weights after each round
+    agg = s.on_train_replies
+    s.on_train_replies = lambda step, replies: (agg(step, replies), after.append(flatten(s.models[0])))
+    s.start(InProcessGrid(rc, 10, client_app=spy),
+            RunRecorder(rc["out-dir"], strategy=s.name, scenario=rc["scenario"], seed=0, config=rc),
+            checkpoint_dir=Path(rc["out-dir"]))
+    assert sorted(sent) == list(range(1, 7)) and all(len(v) == 10 for v in sent.values())
+    ref = AdaptiveLR(0.01, 0.7, 0.3, 0.7)
+    want = [0.01] + [ref.update(w, t) for t, w in enumerate(after[:-1], start=1)]
+    for rnd, lr in enumerate(want, start=1):
+        assert [c["lr"] for c in sent[rnd]] == pytest.approx([lr] * 10, rel=1e-12)
+        assert all(c["optimizer"] == "sgd" and c["momentum"] == 0.9 and c["weight-decay"] == 1e-5
+                   for c in sent[rnd])
+    assert want[1] == 0.01 and want[2] < 0.01             # rho^_1 = 1; then the schedule moves
+    lines = [json.loads(x) for x in Path(rc["out-dir"], "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in lines] == pytest.approx(want, rel=1e-12)
+    # the schedule's state is checkpointed: a resumed run sends the same next lr
+    fresh = AdaptiveFedAvgRounds(load_experiment(rc))
+    fresh.load_checkpoint(Path(rc["out-dir"]))
+    assert fresh.schedule.lr == s.schedule.lr == lines[-1]["next_lr"]
+
+
+@pytest.mark.parametrize("key,value", [("beta1", 1.0), ("beta2", 0.0), ("beta3", -0.5),
+                                       ("eta0", 0.0), ("momentum", 1.0), ("weight-decay", -1.0),
+                                       ("eta0", "fast"), ("gamma", 0.5)])
+def test_adaptive_fedavg_rounds_bad_constants(tmp_path, key, value):
+    name = f"adaptive-fedavg-rounds.{key}"
+    with pytest.raises(ConfigError, match=key):
+        run_inprocess(tiny(tmp_path, strategy="adaptive-fedavg-rounds", **{name: value}))

@@ -280,6 +280,21 @@ def test_weighted_and_adaptive_fedavg_send_their_training_rules(tmp_path, schedu
                if k.startswith(P.DATA_STEPS))
 
 
+def test_adaptive_fedavg_schedule_is_the_shared_one_with_the_feddrift_start():
+    """adaptive-fedavg adapts its lr once per step with ``adaptive_lr.AdaptiveLR`` (one beta,
+    m^_0 = w_1, so v_1 = 0 and the first variance ratio that counts is at step 3)."""
+    from fedcluster_app.strategies.adaptive_lr import AdaptiveLR
+
+    s = AdaptiveLR(0.1, 0.5, 0.5, 0.5, zero_start=False)
+    # step 1, w = [1, 3]: v1 = 0; ratio 1 -> rho1 = 0.5, rho^1 = 1 -> lr = 0.1
+    assert s.update(np.array([1.0, 3.0]), 1) == pytest.approx(0.1, abs=1e-15)
+    # step 2, w = [2, 3]: v^_1 = 0 -> ratio 1: rho2 = 0.75, rho^2 = 1 -> lr = 0.1 / 2
+    assert s.update(np.array([2.0, 3.0]), 2) == pytest.approx(0.05, rel=1e-12)
+    # step 3, w = [2, 3]: m^2 = [5/3, 3], v3 = 0.125 + 0.5 / 18 = 11/72, v^3 = 11/63,
+    # v^2 = 1/3 -> ratio 11/21; rho3 = 0.375 + 11/42 = 107/168, rho^3 = 107/147 -> lr / 3
+    assert s.update(np.array([2.0, 3.0]), 3) == pytest.approx(0.1 * 107 / 441, rel=1e-12)
+
+
 def test_aue_members_train_on_sliding_windows(tmp_path):
     log: list = []
     summary = run_inprocess(_cfg(tmp_path, strategy="aue", **{"rounds-per-step": 1, "local-steps": 5}),

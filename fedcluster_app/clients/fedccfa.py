@@ -36,7 +36,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from .. import protocol as P
-from ..client_app import register_query, register_train
 from ..models import build_model, get_weights, set_weights
 from ..training import as_tensor
 from .stream_client import StreamClient
@@ -392,6 +391,10 @@ def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarr
         metrics[GEN_ACCURACY] = _accuracy(model, *gen)[1]
     return metrics, {}, {}
 
+
+# Last, so that everything above exists when client_app's import of the strategies (through the
+# handlers of other families) reaches strategies/fedccfa.py, which reads this module's constants.
+from ..client_app import register_query, register_train  # noqa: E402
 
 register_train("fedccfa", train)
 register_query("fedccfa_eval", evaluate)

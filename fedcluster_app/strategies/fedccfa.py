@@ -1,5 +1,6 @@
 """FedCCFA (Chen et al., NeurIPS 2024) and the baselines it is compared with: FedRep, FedBABU,
-Flash (spec ``fedccfa.md``; FedProx is ``fedprox``, Adaptive-FedAvg is ``adaptive-fedavg``).
+Flash (spec ``fedccfa.md``; FedProx is ``fedprox``; Adaptive-FedAvg with the spec's per-round
+constants is ``adaptive-fedavg-rounds``, from ``adaptive_lr``, listed here for the registry).
 
 FedCCFA, server side (2.5): sample-weighted FedAvg of the clients' feature extractors (the
 server's classifier stays phi(0) for ever); then, for every class c, the MADD distance between
@@ -29,6 +30,7 @@ from .. import protocol as P
 from ..clients import fedccfa as C
 from ..config import ConfigError
 from ..models import build_model
+from .adaptive_lr import AdaptiveFedAvgRounds
 from .base import ClusteredStrategy, RejectedReply, Reply, Task, weighted_average
 from .fedccfa_core import dbscan_labels, drift_recovery, madd
 
@@ -437,4 +439,4 @@ class Flash(_GeneralisedEval):
                 setattr(self, k, [np.asarray(a, np.float64) for a in state["opt"][k]])
 
 
-STRATEGY_CLASSES = [FedCCFA, FedRep, FedBABU, Flash]
+STRATEGY_CLASSES = [FedCCFA, FedRep, FedBABU, Flash, AdaptiveFedAvgRounds]

@@ -17,6 +17,7 @@ from .. import protocol as P
 from ..clients.feddrift import (BOOTSTRAP, CONFUSION, ENS_VOTE, ENS_WEIGHTS, ENSEMBLE_KIND, MASK, MSE,
                                 PROBE_KIND, STEP_WEIGHTS)
 from ..config import ConfigError, section
+from .adaptive_lr import AdaptiveLR
 from .base import Reply, Task
 from .cfl import CFLSplitter, flatten
 from .feddrift_protocol import TimeStepProtocol, _average
@@ -127,7 +128,9 @@ class WeightedExp(WeightedLinear):
 
 
 class AdaptiveFedAvg(TimeStepProtocol):
-    """Adaptive-FedAvg: client SGD on the newest batch with a server lr adapted once per step."""
+    """Adaptive-FedAvg: client SGD on the newest batch with a server lr adapted once per step
+    (the shared schedule ``adaptive_lr.AdaptiveLR`` with t = the step, one beta for all three,
+    m^_0 = w_1; ``adaptive-fedavg-rounds`` is the per-round version of the FedCCFA paper)."""
 
     name = "adaptive-fedavg"
     description = "Adaptive-FedAvg: SGD on the newest batch, lr adapted to the model's drift"
@@ -138,10 +141,12 @@ class AdaptiveFedAvg(TimeStepProtocol):
         h = baseline_hparams(self.cfg.raw)
         self.lr0 = h["afa_lr"]
         self.beta = h["afa_beta"]
-        self.lr = self.lr0
-        self.mu = self.s = self.gamma = None
-        self.s_hat_prev: float | None = None
+        self.schedule = AdaptiveLR(self.lr0, self.beta, self.beta, self.beta, zero_start=False)
         self.lr_log: list[float] = []
+
+    @property
+    def lr(self) -> float:
+        return self.schedule.lr
 
     def train_tasks(self, tau: int, rnd: int) -> dict[int, Task]:
         tasks = super().train_tasks(tau, rnd)
@@ -150,34 +155,17 @@ class AdaptiveFedAvg(TimeStepProtocol):
         return tasks
 
     def end_step(self, tau: int) -> None:
-        b = self.beta
-        theta = flatten(self.models[min(self.models)])
-        if self.mu is None:
-            self.mu, self.s, self.gamma = np.zeros_like(theta), 0.0, 0.0
-        mu_hat_prev = self.mu / (1 - b ** (tau - 1)) if tau > 1 else theta
-        self.mu = b * self.mu + (1 - b) * theta
-        self.s = b * self.s + (1 - b) * float(np.mean((theta - mu_hat_prev) ** 2))
-        s_hat = self.s / (1 - b ** tau)
-        rho = s_hat / self.s_hat_prev if self.s_hat_prev else 1.0
-        self.s_hat_prev = s_hat
-        self.gamma = b * self.gamma + (1 - b) * rho
-        g_hat = self.gamma / (1 - b ** tau)
-        self.lr = float(min(self.lr0, self.lr0 * g_hat / tau))
-        self.lr_log.append(self.lr)
+        self.lr_log.append(self.schedule.update(flatten(self.models[min(self.models)]), tau))
 
     def step_metrics(self, tau, accs):
         return {**super().step_metrics(tau, accs), "lr": self.lr}
 
     def strategy_state(self) -> dict[str, Any]:
-        return {**super().strategy_state(), "lr": self.lr, "s": self.s, "gamma": self.gamma,
-                "s_hat_prev": self.s_hat_prev,
-                "mu": None if self.mu is None else self.mu.tolist()}
+        return {**super().strategy_state(), **self.schedule.state()}
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
         super().load_strategy_state(state)
-        self.lr, self.s, self.gamma = state["lr"], state["s"], state["gamma"]
-        self.s_hat_prev = state["s_hat_prev"]
-        self.mu = None if state["mu"] is None else np.asarray(state["mu"])
+        self.schedule.load_state(state)
 
 
 class CFL(TimeStepProtocol):
