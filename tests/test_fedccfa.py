@@ -357,7 +357,6 @@ def test_baselines_run(tmp_path, strategy):
 
 
 def test_fedbabu_keeps_the_classifier_at_its_init(tmp_path):
-    exp = experiment(tmp_path, strategy="fedbabu")
     rc = merge_overrides(default_run_config(), tiny(tmp_path, strategy="fedbabu"))
     from fedcluster_app.strategies import build_strategy
     from fedcluster_app.results import RunRecorder
