@@ -350,3 +350,20 @@ def test_a_participant_that_never_trained_estimates_its_weights_before_predictin
     assert len(estimated) == 3                             # the 3 not sampled in round 1
     assert {cid for cid, est in seen[1] if cid >= 6} == {6, 7, 8} and all(
         est for cid, est in seen[1] if cid >= 6)          # held-out clients always estimate
+
+
+def test_fedsoft_scores_a_client_without_a_personal_model_on_the_best_centre(tmp_path):
+    seen = {}
+
+    def spy(msg: Message, ctx):
+        if msg.metadata.message_type == P.EVALUATE:
+            config = msg.content.config_records[P.CONFIG]
+            if int(config[P.ROUND]) == 1:
+                seen[int(ctx.node_config["partition-id"])] = (
+                    bool(config.get(P.PERSONAL)), config.get(P.SELECT))
+        return client_app(msg, ctx)
+
+    cfg = small(tmp_path, strategy="fedsoft", **{"fraction-train": 0.5, "rounds-per-step": 1})
+    run_inprocess(cfg, client_app=spy)
+    participants = {c: v for c, v in seen.items() if c < 6}
+    assert sorted(v for v in participants.values()) == [(False, "min-loss")] * 3 + [(True, None)] * 3

@@ -38,6 +38,7 @@ class FedSoft(ClusteredStrategy):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                     or not ok(v):
                 raise ConfigError(f"fedsoft.{key} must be {rule}, got {v!r}")
+        self.trained: set[int] = set()     # clients that hold a personal model
 
     def on_start(self) -> None:
         for j in range(self.cfg.num_clusters):
@@ -70,6 +71,7 @@ class FedSoft(ClusteredStrategy):
         for r in replies:
             u = r.metrics[C.IMPORTANCE]
             self.clients[r.cid].soft = {m: float(w) for m, w in zip(ids, u)}
+            self.trained.add(r.cid)
         for j, mid in enumerate(ids):
             items = [(r.models[P.PERSONAL_MODEL_ID], float(r.metrics[C.IMPORTANCE][j]) * r.num_examples)
                      for r in replies]
@@ -77,6 +79,8 @@ class FedSoft(ClusteredStrategy):
                 self.models[mid] = weighted_average(items)
 
     def eval_task(self, cid: int) -> Task | None:
+        if cid not in self.trained:         # no personal model yet: the best-fitting centre
+            return self.global_eval_task(cid)
         return Task(personal=True)          # local accuracy: the personal model
 
     def num_clusters(self) -> int:
@@ -84,3 +88,9 @@ class FedSoft(ClusteredStrategy):
 
     def summary_extra(self) -> dict[str, Any]:
         return {"hparams": self.hp}
+
+    def strategy_state(self) -> dict[str, Any]:
+        return {"trained": sorted(self.trained)}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        self.trained = {int(c) for c in state["trained"]}
