@@ -162,6 +162,10 @@ class ClusteredStrategy(Strategy):
     def assign(self, cid: int, mid: int | None) -> None:
         self.clients[cid].cluster = mid
 
+    def participants(self) -> list[int]:
+        """The known clients that take part in training (all but the held-out ones), sorted."""
+        return [c for c in sorted(self.clients) if c not in self.holdouts]
+
     def members(self, mid: int) -> list[int]:
         return sorted(c for c, rec in self.clients.items() if rec.cluster == mid)
 
@@ -504,8 +508,7 @@ class ClusteredStrategy(Strategy):
         """Local accuracy of the participating clients (each on its own cluster's model or
         mixture), then global accuracy of the held-out clients (``global_eval_task``)."""
         tasks = {}
-        participants = [c for c in sorted(self.clients) if c not in self.holdouts]
-        for cid in self.sample(participants, self.cfg.fraction_evaluate):
+        for cid in self.sample(self.participants(), self.cfg.fraction_evaluate):
             task = self.eval_task(cid)
             if task is not None:
                 tasks[cid] = task

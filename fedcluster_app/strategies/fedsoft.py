@@ -52,9 +52,8 @@ class FedSoft(ClusteredStrategy):
     def plan_train(self, step: int) -> dict[int, Task]:
         ids = sorted(self.models)
         config = {C.SIGMA: float(self.hp["sigma"]), C.LAMBDA: float(self.hp["lambda"])}
-        participants = [c for c in sorted(self.clients) if c not in self.holdouts]
         return {cid: Task(models=ids, config=config, personal=True)
-                for cid in self.sample(participants, self.cfg.fraction_train)}
+                for cid in self.sample(self.participants(), self.cfg.fraction_train)}
 
     def check_reply(self, kind: str, reply: Reply) -> None:
         if kind != C.TRAIN_KIND:

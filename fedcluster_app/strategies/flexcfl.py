@@ -281,7 +281,7 @@ class PaperSelection(ClusteredStrategy):
 
     # -- selection (spec 2.5)
     def select(self) -> list[int]:
-        cids = sorted(c for c in self.clients if c not in self.holdouts)
+        cids = self.participants()
         if not cids:
             return []
         if self.selection == "fraction":
