@@ -162,7 +162,7 @@ class ClusteredStrategy(Strategy):
     def assign(self, cid: int, mid: int | None) -> None:
         self.clients[cid].cluster = mid
 
-    def participants(self) -> list[int]:
+    def training_clients(self) -> list[int]:
         """The known clients that take part in training (all but the held-out ones), sorted."""
         return [c for c in sorted(self.clients) if c not in self.holdouts]
 
@@ -508,7 +508,7 @@ class ClusteredStrategy(Strategy):
         """Local accuracy of the participating clients (each on its own cluster's model or
         mixture), then global accuracy of the held-out clients (``global_eval_task``)."""
         tasks = {}
-        for cid in self.sample(self.participants(), self.cfg.fraction_evaluate):
+        for cid in self.sample(self.training_clients(), self.cfg.fraction_evaluate):
             task = self.eval_task(cid)
             if task is not None:
                 tasks[cid] = task

@@ -111,7 +111,7 @@ class FedRC(ClusteredStrategy):
     def plan_train(self, step: int) -> dict[int, Task]:
         ids, common = sorted(self.models), self.common_config()
         return {cid: Task(models=ids, config={**common, C.OMEGA: self.omega(cid)})
-                for cid in self.sample(self.participants(), self.cfg.fraction_train)}
+                for cid in self.sample(self.training_clients(), self.cfg.fraction_train)}
 
     def check_reply(self, kind: str, reply: Reply) -> None:
         if kind != C.TRAIN_KIND:

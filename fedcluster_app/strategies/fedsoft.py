@@ -53,7 +53,7 @@ class FedSoft(ClusteredStrategy):
         ids = sorted(self.models)
         config = {C.SIGMA: float(self.hp["sigma"]), C.LAMBDA: float(self.hp["lambda"])}
         return {cid: Task(models=ids, config=config, personal=True)
-                for cid in self.sample(self.participants(), self.cfg.fraction_train)}
+                for cid in self.sample(self.training_clients(), self.cfg.fraction_train)}
 
     def check_reply(self, kind: str, reply: Reply) -> None:
         if kind != C.TRAIN_KIND:

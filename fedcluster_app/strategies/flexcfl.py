@@ -281,7 +281,7 @@ class PaperSelection(ClusteredStrategy):
 
     # -- selection (spec 2.5)
     def select(self) -> list[int]:
-        cids = self.participants()
+        cids = self.training_clients()
         if not cids:
             return []
         if self.selection == "fraction":
