@@ -168,12 +168,19 @@ def apply_pending(client: StreamClient, config: dict) -> bool:
 
 
 # ------------------------------------------------------------------------------- training
-def train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
+def _begin(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]], kind: str
+           ) -> tuple[int, list[np.ndarray], str]:
+    """What every FedCCFA-family message starts with: its one model, the algorithm, and the
+    server's pending results of the client's last training applied to its personal state."""
     if len(models) != 1:
-        raise ValueError(f"{TRAIN_KIND} needs exactly one model, got {sorted(models)}")
+        raise ValueError(f"{kind} needs exactly one model, got {sorted(models)}")
     (mid, weights), = models.items()
-    algo = str(config.get(ALGO, "fedccfa"))
     apply_pending(client, config)
+    return mid, weights, str(config.get(ALGO, "fedccfa"))
+
+
+def train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
+    mid, weights, algo = _begin(client, config, models, TRAIN_KIND)
     rnd = int(config[P.ROUND])
     x, y = client.train_data(int(config[P.STEP]))
     if len(y) == 0:
@@ -361,11 +368,7 @@ def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, fl
 
 
 def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
-    if len(models) != 1:
-        raise ValueError(f"{EVAL_KIND} needs exactly one model, got {sorted(models)}")
-    (_, weights), = models.items()
-    algo = str(config.get(ALGO, "fedccfa"))
-    apply_pending(client, config)
+    _, weights, algo = _begin(client, config, models, EVAL_KIND)
     step = int(config[P.STEP])
     model = build_model(client.exp.spec, 0)
     set_weights(model, weights)
