@@ -9,8 +9,10 @@ change between runs, so nothing long-lived is keyed on them) and per-model metri
 
 from __future__ import annotations
 
+from io import BytesIO
+
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 # message types (query.* are custom actions handled by @app.query(...))
 TRAIN = "train"
@@ -52,13 +54,81 @@ HISTOGRAM = "histogram"
 PERSONAL_MODEL_ID = -1         # id under which a client's personal model is reported
 
 
+# ------------------------------------------------------------------ arrays on the wire
+# Flower's Array.numpy() / Array.from_numpy_ndarray() go through np.load / np.save, which parse
+# and build the .npy header (with ast.literal_eval) for every array: on the paper's tiny MLPs
+# that costs more than the training. The same .npy bytes are built and read here with the
+# header cached per (dtype, shape), so any Flower runtime still decodes them with np.load.
+_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}      # (dtype.str, shape) -> header
+_LAYOUTS: dict[bytes, tuple[np.dtype, tuple[int, ...], str]] = {}  # header -> layout
+_CACHE_LIMIT = 4096
+
+
+def _npy_header(a: np.ndarray) -> bytes:
+    key = (a.dtype.str, a.shape)
+    header = _HEADERS.get(key)
+    if header is None:
+        buf = BytesIO()
+        np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(a))
+        header = buf.getvalue()
+        if len(_HEADERS) < _CACHE_LIMIT:
+            _HEADERS[key] = header
+    return header
+
+
+def to_array(a: np.ndarray) -> Array:
+    """``Array.from_numpy_ndarray`` without re-building the .npy header every time."""
+    a = np.asarray(a)
+    if a.dtype.hasobject:
+        return Array.from_numpy_ndarray(a)      # Flower refuses these with its own message
+    if not a.flags.c_contiguous:
+        a = a.copy(order="C")
+    return Array(str(a.dtype), tuple(a.shape), "numpy.ndarray", _npy_header(a) + a.tobytes())
+
+
+def to_numpy(array: Array) -> np.ndarray:
+    """``Array.numpy()`` (a writable copy) without parsing the .npy header every time."""
+    data = array.data
+    if array.stype != "numpy.ndarray" or data[:6] != b"\x93NUMPY":
+        return array.numpy()
+    end = 10 if data[6] == 1 else 12
+    start = end + int.from_bytes(data[8:end], "little")
+    layout = _LAYOUTS.get(data[:start])
+    if layout is None:
+        buf = BytesIO(data)
+        version = np.lib.format.read_magic(buf)
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read(buf)
+        if dtype.hasobject:
+            return array.numpy()
+        layout = (dtype, shape, "F" if fortran else "C")
+        if len(_LAYOUTS) < _CACHE_LIMIT:
+            _LAYOUTS[data[:start]] = layout
+    dtype, shape, order = layout
+    count = int(np.prod(shape, dtype=np.int64))
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=start)
+    return flat.reshape(shape, order=order).copy(order="K")
+
+
+def pack_arrays(arrays: list[np.ndarray]) -> ArrayRecord:
+    record = ArrayRecord()
+    for i, a in enumerate(arrays):
+        record[str(i)] = to_array(a)
+    return record
+
+
+def unpack_arrays(record: ArrayRecord) -> list[np.ndarray]:
+    return [to_numpy(array) for array in record.values()]
+
+
 def pack_models(models: dict[int, list[np.ndarray]]) -> dict[str, ArrayRecord]:
-    return {f"{MODEL_PREFIX}{mid}": ArrayRecord(arrays) for mid, arrays in models.items()}
+    return {f"{MODEL_PREFIX}{mid}": pack_arrays(arrays) for mid, arrays in models.items()}
 
 
 def unpack_models(content: RecordDict) -> dict[int, list[np.ndarray]]:
     return {
-        int(key[len(MODEL_PREFIX):]): record.to_numpy_ndarrays()
+        int(key[len(MODEL_PREFIX):]): unpack_arrays(record)
         for key, record in content.array_records.items()
         if key.startswith(MODEL_PREFIX)
     }
@@ -66,7 +136,7 @@ def unpack_models(content: RecordDict) -> dict[int, list[np.ndarray]]:
 
 def unpack_extras(content: RecordDict) -> dict[str, list[np.ndarray]]:
     return {
-        key[len(EXTRA_PREFIX):]: record.to_numpy_ndarrays()
+        key[len(EXTRA_PREFIX):]: unpack_arrays(record)
         for key, record in content.array_records.items()
         if key.startswith(EXTRA_PREFIX)
     }
@@ -95,7 +165,7 @@ def reply_content(
 ) -> RecordDict:
     content = RecordDict(pack_models(models or {}))
     for name, arrays in (extras or {}).items():
-        content[f"{EXTRA_PREFIX}{name}"] = ArrayRecord(arrays)
+        content[f"{EXTRA_PREFIX}{name}"] = pack_arrays(arrays)
     content[METRICS] = MetricRecord(metrics)
     for mid, values in (model_metrics or {}).items():
         content[model_metrics_key(mid)] = MetricRecord(values)

@@ -137,3 +137,24 @@ def test_clients_train_on_the_history_steps_and_test_on_the_step_they_are_told(f
     assert client.evaluate(w, {**base, P.TEST_STEP: 4})[1] == 50            # step 4's test split
     x, _ = client.eval_data({**base, P.TEST_STEP: 4, P.TEST_SPLIT: "train"})
     assert np.array_equal(x, exp.scenario.step_data(2, 4).x_train)          # FedDrift's protocol
+
+
+def test_wire_arrays_are_the_npy_bytes_flower_writes_and_reads():
+    """protocol.to_array / to_numpy skip Flower's per-array header parsing; the bytes must stay
+    exactly what Array.from_numpy_ndarray writes, so any Flower runtime decodes them."""
+    from flwr.app import Array
+
+    from fedcluster_app import protocol as P
+
+    rng = np.random.default_rng(0)
+    cases = [rng.normal(size=(3, 4)).astype(np.float32), np.arange(5), np.array(2.5),
+             rng.normal(size=(4, 3)).T, np.zeros((0, 3)), np.array([True, False]),
+             rng.normal(size=(2, 3, 4))[:, ::2]]
+    for a in cases:
+        ours, theirs = P.to_array(a), Array.from_numpy_ndarray(np.array(a, order="C"))
+        assert (ours.dtype, ours.shape, ours.data) == (theirs.dtype, theirs.shape, theirs.data)
+        for back in (ours.numpy(), P.to_numpy(theirs), P.to_numpy(ours)):
+            assert back.dtype == a.dtype and back.shape == a.shape and np.array_equal(back, a)
+            assert back.flags.writeable
+    fortran = Array.from_numpy_ndarray(np.asfortranarray(rng.normal(size=(3, 5))))
+    np.testing.assert_array_equal(P.to_numpy(fortran), fortran.numpy())

@@ -83,69 +83,113 @@ def numpy_train(
     batches: list[np.ndarray] | None = None,
 ) -> tuple[list[np.ndarray], float]:
     """``training.local_train`` for a one-hidden-layer MLP, in NumPy (same batches, same Adam)."""
-    x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
-    shapes = [w.shape for w in weights]
-    sizes = [w.size for w in weights]
-    flat = np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in weights])
-    views, o = [], 0
-    for s, n in zip(shapes, sizes):
-        views.append(flat[o:o + n].reshape(s))
-        o += n
-    w1, b1, w2, b2 = views
+    if batches is None:
+        batches = batch_indices(len(y), cfg, rng)
+    return numpy_train_many([(weights, x, y, batches)], cfg)[0]
+
+
+TrainJob = tuple[list[np.ndarray], np.ndarray, np.ndarray, list[np.ndarray]]  # weights, x, y, batches
+
+
+def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], float]]:
+    """Train several MLPs at once (KUE's 10 members, AUE's 5, FedDrift's models of one client).
+
+    Each job keeps its own data and minibatches; jobs whose shapes and batch sizes agree are
+    stacked so that every NumPy call of a step serves all of them: on these tiny models the
+    per-call overhead, not the arithmetic, is the cost. Results equal ``numpy_train`` per job
+    up to floating-point rounding."""
+    groups: dict[tuple, list[int]] = {}
+    for j, (weights, _, _, batches) in enumerate(jobs):
+        key = (tuple(np.shape(w) for w in weights), tuple(len(b) for b in batches))
+        groups.setdefault(key, []).append(j)
+    out: list = [None] * len(jobs)
+    for members in groups.values():
+        for j, result in zip(members, _train_stacked([jobs[j] for j in members], cfg)):
+            out[j] = result
+    return out
+
+
+def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], float]]:
+    M = len(jobs)
+    shapes = [np.shape(w) for w in jobs[0][0]]
+    offsets = np.cumsum([0] + [int(np.prod(s)) for s in shapes])
+    flat = np.stack([np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in weights])
+                     for weights, _, _, _ in jobs])                        # (M, P)
     grad = np.zeros_like(flat)
-    g1, gb1, g2, gb2 = (grad[a:a + n].reshape(s) for a, n, s in
-                        zip(np.cumsum([0] + sizes[:-1]), sizes, shapes))
+
+    def split(arr: np.ndarray) -> list[np.ndarray]:
+        views = [arr[:, a:b].reshape((M, *s)) for a, b, s in zip(offsets[:-1], offsets[1:], shapes)]
+        assert all(np.shares_memory(v, arr) for v in views)   # views, so updates reach `arr`
+        return views
+
+    w1, b1, w2, b2 = split(flat)
+    g1, gb1, g2, gb2 = split(grad)
+    steps = len(jobs[0][3])
+    bsz = len(jobs[0][3][0]) if steps else 0
+    # every minibatch of every job gathered once: (M, steps, bsz, d) and (M, steps, bsz)
+    xs = [np.asarray(x, dtype=np.float64).reshape(len(x), -1) for _, x, _, _ in jobs]
+    XB = np.stack([x[np.stack(b)] for x, (_, _, _, b) in zip(xs, jobs)]) if steps else None
+    YB = np.stack([np.asarray(y)[np.stack(b)] for _, _, y, b in jobs]) if steps else None
+    picked = np.ones((steps, M, bsz))                       # p(y | x) of every sample seen
+    mi, rows = np.arange(M)[:, None], np.arange(bsz)[None, :]
     adam = cfg.optimizer == "adam"
     m = np.zeros_like(flat)
     v = np.zeros_like(flat)
     vmax = np.zeros_like(flat)
-    b1c, b2c, eps = 0.9, 0.999, 1e-8
+    tmp = np.empty_like(flat)
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
     wd, lr = float(cfg.weight_decay), float(cfg.lr)
-    if batches is None:
-        batches = batch_indices(len(y), cfg, rng)
-    total = 0.0
-    rows_cache: dict[int, np.ndarray] = {}
-    for t, idx in enumerate(batches, start=1):
-        xb, yb = x[idx], y[idx]
-        bsz = len(yb)
-        rows = rows_cache.get(bsz)
-        if rows is None:
-            rows = rows_cache[bsz] = np.arange(bsz)
-        z1 = xb @ w1.T
-        z1 += b1
+    for t in range(1, steps + 1 if bsz else 1):
+        xb, yb = XB[:, t - 1], YB[:, t - 1]
+        z1 = np.matmul(xb, w1.transpose(0, 2, 1))          # (M, bsz, hidden)
+        z1 += b1[:, None, :]
         a1 = np.maximum(z1, 0.0)
-        z2 = a1 @ w2.T
-        z2 += b2
-        z2 -= z2.max(axis=1, keepdims=True)
-        p = np.exp(z2)
-        p /= p.sum(axis=1, keepdims=True)
-        total -= float(np.log(p[rows, yb]).sum()) / bsz
-        p[rows, yb] -= 1.0
+        p = np.matmul(a1, w2.transpose(0, 2, 1))           # (M, bsz, classes)
+        p += b2[:, None, :]
+        p -= p.max(axis=2, keepdims=True)
+        np.exp(p, out=p)
+        p /= p.sum(axis=2, keepdims=True)
+        picked[t - 1] = p[mi, rows, yb]
+        p[mi, rows, yb] -= 1.0
         p /= bsz
-        np.matmul(p.T, a1, out=g2)
-        np.sum(p, axis=0, out=gb2)
-        d1 = p @ w2
+        g2[...] = np.matmul(p.transpose(0, 2, 1), a1)
+        gb2[...] = p.sum(axis=1)
+        d1 = np.matmul(p, w2)
         d1 *= z1 > 0
-        np.matmul(d1.T, xb, out=g1)
-        np.sum(d1, axis=0, out=gb1)
+        g1[...] = np.matmul(d1.transpose(0, 2, 1), xb)
+        gb1[...] = d1.sum(axis=1)
         if wd:
-            grad += wd * flat
-        if adam:
-            m *= b1c
-            m += (1 - b1c) * grad
-            v *= b2c
-            v += (1 - b2c) * grad * grad
+            np.multiply(flat, wd, out=tmp)
+            grad += tmp
+        if adam:   # torch.optim.Adam with amsgrad and L2 weight decay
+            m *= beta1
+            np.multiply(grad, 1 - beta1, out=tmp)
+            m += tmp
+            v *= beta2
+            np.multiply(grad, grad, out=tmp)
+            tmp *= 1 - beta2
+            v += tmp
             np.maximum(vmax, v, out=vmax)
-            denom = np.sqrt(vmax) / np.sqrt(1 - b2c ** t) + eps
-            flat -= (lr / (1 - b1c ** t)) * m / denom
-        else:
-            if cfg.momentum:
-                m = grad.copy() if t == 1 else cfg.momentum * m + grad
-                flat -= lr * m
+            np.sqrt(vmax, out=tmp)
+            tmp *= 1.0 / np.sqrt(1 - beta2 ** t)
+            tmp += eps
+            np.divide(m, tmp, out=tmp)
+            tmp *= lr / (1 - beta1 ** t)
+            flat -= tmp
+        elif cfg.momentum:   # torch.optim.SGD: the first step's buffer is the gradient itself
+            if t == 1:
+                m[...] = grad
             else:
-                flat -= lr * grad
-    out = [np.asarray(vw, dtype=np.float32).copy() for vw in views]
-    return out, total / max(len(batches), 1)
+                m *= cfg.momentum
+                m += grad
+            np.multiply(m, lr, out=tmp)
+            flat -= tmp
+        else:
+            np.multiply(grad, lr, out=tmp)
+            flat -= tmp
+    losses = -np.log(picked).mean(axis=(0, 2)) if steps and bsz else np.zeros(M)
+    return [([np.asarray(w[k], dtype=np.float32).copy() for w in (w1, b1, w2, b2)], float(losses[k]))
+            for k in range(M)]
 
 
 def _use_numpy(config: dict, weights: list[np.ndarray]) -> bool:
@@ -217,9 +261,10 @@ def train(client: StreamClient, config: dict, models: Models):
         train_ids = [chosen]
         metrics.update({P.CHOSEN: chosen, P.LOSSES: losses, P.MODEL_IDS: ids})
     trained, per_model = {}, {}
+    numpy_jobs: dict[int, TrainJob] = {}
     for mid in train_ids:
         cfg = client.train_config(config)
-        rng = client.rng(int(config[P.ROUND]), mid)
+        rng = client.rng(int(config[P.ROUND]), mid)    # one stream per model: order-free
         steps = config.get(f"{P.DATA_STEPS}.{mid}", config.get(P.DATA_STEPS))
         step_w = config.get(f"{STEP_WEIGHTS}.{mid}")
         if steps and step_w:
@@ -233,17 +278,22 @@ def train(client: StreamClient, config: dict, models: Models):
             if len(idx) == 0:
                 idx = np.arange(len(y))
             x, y = x[idx], y[idx]
+        per_model[mid] = {P.NUM_EXAMPLES: len(y)}
         if _use_numpy(config, models[mid]):
-            weights, loss = numpy_train(models[mid], x, y, cfg, rng, batches)
-        else:
-            from ..models import get_weights, scratch_model
-            from ..training import local_train
+            numpy_jobs[mid] = (models[mid], x, y, batches or batch_indices(len(y), cfg, rng))
+            continue
+        from ..models import get_weights, scratch_model
+        from ..training import local_train
 
-            net = scratch_model(client.exp.spec, models[mid])
-            loss = local_train(net, x, y, cfg, rng)
-            weights = get_weights(net)
-        trained[mid] = weights
-        per_model[mid] = {P.NUM_EXAMPLES: len(y), P.TRAIN_LOSS: loss}
+        net = scratch_model(client.exp.spec, models[mid])
+        per_model[mid][P.TRAIN_LOSS] = local_train(net, x, y, cfg, rng)
+        trained[mid] = get_weights(net)
+    if numpy_jobs:     # the NumPy models of this client train together (one call per step)
+        results = numpy_train_many(list(numpy_jobs.values()), client.train_config(config))
+        for mid, (weights, loss) in zip(numpy_jobs, results):
+            trained[mid] = weights
+            per_model[mid][P.TRAIN_LOSS] = loss
+    trained = {mid: trained[mid] for mid in train_ids}
     metrics[P.NUM_EXAMPLES] = max((v[P.NUM_EXAMPLES] for v in per_model.values()), default=0)
     return metrics, trained, per_model
 

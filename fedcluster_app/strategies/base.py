@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -311,7 +311,7 @@ class ClusteredStrategy(Strategy):
                 config[P.PERSONAL] = True
             for m in task.models:
                 if m not in packed:
-                    packed[m] = ArrayRecord(self.models[m])
+                    packed[m] = P.pack_arrays(self.models[m])
             content = P.build_content({m: packed[m] for m in task.models}, config)
             self._round_stats["bytes_down"] += P.nbytes(content)
             messages.append(
@@ -350,9 +350,10 @@ class ClusteredStrategy(Strategy):
         if msg.has_error():
             raise RejectedReply(f"client error: {msg.error.reason}")
         content = msg.content
-        if P.METRICS not in content.metric_records:
+        records = content.metric_records   # a property that copies: read it once
+        if P.METRICS not in records:
             raise RejectedReply("no metrics record")
-        metrics = dict(content.metric_records[P.METRICS])
+        metrics = dict(records[P.METRICS])
         if int(metrics.get(P.CLIENT_ID, -1)) != cid:
             raise RejectedReply(f"reply claims client id {metrics.get(P.CLIENT_ID)!r}")
         for key, value in metrics.items():
@@ -374,9 +375,9 @@ class ClusteredStrategy(Strategy):
             if not all(np.isfinite(a).all() for a in arrays):
                 raise RejectedReply(f"model {mid} contains non-finite values")
         model_metrics = {
-            mid: dict(content.metric_records[P.model_metrics_key(mid)])
+            mid: dict(records[P.model_metrics_key(mid)])
             for mid in models
-            if P.model_metrics_key(mid) in content.metric_records
+            if P.model_metrics_key(mid) in records
         }
         if P.CONCEPT in metrics and P.STEP in metrics:
             self._truth.setdefault(cid, {})[int(metrics[P.STEP])] = int(metrics[P.CONCEPT])
