@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="server name or IP in the certificate (repeatable; default 127.0.0.1 "
                            "and localhost)")
 
+    keys = sub.add_parser("keys", help="make SuperNode key pairs (and register them)")
+    keys.add_argument("dir", type=Path, help="where the key files go")
+    keys.add_argument("names", nargs="+", help="one key pair per name (e.g. one per device)")
+    keys.add_argument("--register", metavar="FEDERATION",
+                      help="register the public keys with this deployment profile's SuperLink")
+
     rep = sub.add_parser("report", help="compare finished runs: a table and a plot")
     rep.add_argument("dirs", nargs="+", type=Path)
     rep.add_argument("--plot", type=Path, help="where to write the comparison plot")
@@ -176,6 +182,20 @@ def cmd_certs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    from .deploy import make_node_keys, register_key
+    from .launcher import deployment_connection
+
+    connection = deployment_connection(args.register) if args.register else None
+    for name in args.names:
+        private, public = make_node_keys(args.dir, name)
+        print(f"{name}: private key {private} (copy it to the device only), public key {public}")
+        if connection is not None:
+            register_key(public, connection)
+            print(f"{name}: registered with the SuperLink of {args.register!r}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from .results import compare_runs
 
@@ -190,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("flwr").setLevel(logging.INFO)
     try:
         commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report,
-                    "deploy": cmd_deploy, "certs": cmd_certs}
+                    "deploy": cmd_deploy, "certs": cmd_certs, "keys": cmd_keys}
         return commands[args.command](args)
     except (ConfigError, ValueError, FileNotFoundError) as ex:
         print(f"fedcluster: error: {ex}", file=sys.stderr)

@@ -8,16 +8,19 @@ Every process is started in its own session and stopped by PID.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import json
 import os
+import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .launcher import _bin, flwr_env, free_port, stop_process_group, wait_port
+from .launcher import _bin, connection_env, flwr_env, free_port, stop_process_group, wait_port
 
 STATE_FILE = "deployment.json"
 
@@ -87,6 +90,13 @@ def make_node_keys(out: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
+def register_key(public: Path, connection: dict[str, object], home: Path | None = None) -> None:
+    """Register a SuperNode's public key with the SuperLink of ``connection``: from then on a
+    SuperNode holding the private key may join (`flwr supernode register`)."""
+    home = home or Path(tempfile.mkdtemp(prefix="fc-"))
+    run_flwr(["supernode", "register", str(public), "fedcluster"], connection_env(home, connection))
+
+
 # ------------------------------------------------------------------------------ processes
 def _start(cmd: list[str], env: dict[str, str], log: Path) -> int:
     with open(log, "ab") as fh:
@@ -139,9 +149,7 @@ class LocalDeployment:
 
     def cli_env(self) -> dict[str, str]:
         """Environment for `flwr` commands against this deployment (connection `fedcluster`)."""
-        env = self.env("cli")
-        write_connection(Path(env["FLWR_HOME"]), self.connection())
-        return env
+        return connection_env(self.dir / "cli", self.connection())
 
     # -- lifecycle ---------------------------------------------------------------------------
     def up(self, wait: float = 120.0) -> "LocalDeployment":
@@ -149,6 +157,17 @@ class LocalDeployment:
         self.port = self.port or free_port()
         if self.tls and not (self.certs / "ca.crt").is_file():
             make_certificates(self.certs)
+        self.start_superlink(wait)
+        for i in range(self.num_nodes):
+            if self.auth:
+                self.register_node(i)
+            self.start_node(i)
+        self.wait_online(self.num_nodes, wait)
+        return self
+
+    def start_superlink(self, wait: float = 120.0) -> int:
+        """Start the SuperLink (again: its state, registered keys included, is in its database,
+        so after a crash it comes back on the same port and the SuperNodes reconnect)."""
         link = [_bin("flower-superlink"), "--disable-runtime-dependency-installation",
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--database", str(self.dir / "superlink.db")]
@@ -163,16 +182,22 @@ class LocalDeployment:
         self.pids["superlink"] = _start(link, self.env("superlink"), self.dir / "superlink.log")
         self._save()
         wait_port(self.port, wait, self.dir / "superlink.log")
-        for i in range(self.num_nodes):
-            if self.auth:
-                self.register_node(i)
-            self.start_node(i)
-        self.wait_online(self.num_nodes, wait)
-        return self
+        return self.pids["superlink"]
+
+    def stop_superlink(self, crash: bool = False) -> None:
+        """Stop the SuperLink with everything it started (SuperExec, the running ServerApp);
+        ``crash``: SIGKILL at once, as a server machine that loses power."""
+        pid = self.pids.pop("superlink", None)
+        if pid and crash:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        elif pid:
+            stop_process_group(pid)
+        self._save()
 
     def register_node(self, i: int) -> None:
         _, public = make_node_keys(self.dir / "keys", f"node{i}")
-        run_flwr(["supernode", "register", str(public), "fedcluster"], self.cli_env())
+        register_key(public, self.connection(), self.dir / "cli")
 
     def start_node(self, i: int, key: Path | None = None) -> int:
         """Start SuperNode ``i`` (again); returns its PID."""

@@ -246,17 +246,27 @@ def run_on_deployment(
     federation: str = "local",
 ) -> None:
     """Submit to a running SuperLink (a profile's connection, or ``connection``) and wait."""
-    from .deploy import write_connection
-
-    if connection is None:
-        kind, settings = profile(federation)
-        if kind != "deployment":
-            raise ValueError(f"federation {federation!r} is a simulation profile; use --engine ray")
-        connection = {k: v for k, v in settings.items() if k != "description"}
-        if "root-certificates" in connection:
-            connection["root-certificates"] = str(Path(str(connection["root-certificates"])).resolve())
     home = Path(tempfile.mkdtemp(prefix="fc-"))
-    env = flwr_env(home)
-    write_connection(Path(env["FLWR_HOME"]), connection)
+    env = connection_env(home, connection or deployment_connection(federation))
     submit_and_wait(run_config, env, home)
     shutil.rmtree(home, ignore_errors=True)
+
+
+def deployment_connection(federation: str) -> dict[str, object]:
+    """The connection settings of a deployment profile in pyproject-flwr.toml."""
+    kind, settings = profile(federation)
+    if kind != "deployment":
+        raise ValueError(f"federation {federation!r} is a simulation profile; use --engine ray")
+    connection = {k: v for k, v in settings.items() if k != "description"}
+    if "root-certificates" in connection:
+        connection["root-certificates"] = str(Path(str(connection["root-certificates"])).resolve())
+    return connection
+
+
+def connection_env(home: Path, connection: dict[str, object]) -> dict[str, str]:
+    """Environment for `flwr` commands with ``connection`` as the connection `fedcluster`."""
+    from .deploy import write_connection
+
+    env = flwr_env(home)
+    write_connection(Path(env["FLWR_HOME"]), connection)
+    return env

@@ -43,9 +43,11 @@ def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
     )
     log(INFO, "fedcluster: %s on %s, %d rounds; results in %s", cfg.strategy, cfg.scenario,
         exp.num_rounds, out_dir)
+    resumed_after = {}
     try:
         if cfg.resume_from:
             strategy.load_checkpoint(Path(cfg.resume_from))
+            resumed_after = {"resumed_after_round": strategy.round}
             log(INFO, "resuming %s after round %d (%s)", strategy.name, strategy.round, cfg.resume_from)
         strategy.start(grid, recorder, checkpoint_dir=out_dir)
     except Exception as ex:
@@ -57,7 +59,7 @@ def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
         plot=cfg.plot,
         extra={"wall_time_s": time.monotonic() - t0, "out_dir": str(out_dir),
                "num_clients": exp.scenario.num_clients, "num_steps": exp.scenario.num_steps,
-               **strategy.summary_extra()},
+               **resumed_after, **strategy.summary_extra()},
     )
     log(INFO, "fedcluster: done: mean accuracy %.4f, final %.4f; summary in %s",
         summary["mean_accuracy"] or 0.0, summary["final_accuracy"] or 0.0, out_dir / "summary.json")

@@ -71,3 +71,17 @@ def test_parse_assignment():
     assert parse_assignment("plot=false") == ("plot", False)
     with pytest.raises(ConfigError):
         parse_assignment("no-equals-sign")
+
+
+def test_keys_makes_supernode_key_pairs_and_refuses_an_unknown_federation(tmp_path, capsys):
+    assert main(["keys", str(tmp_path / "keys"), "dev1", "dev2"]) == 0
+    for name in ("dev1", "dev2"):
+        public = (tmp_path / "keys" / f"{name}.pub").read_text()
+        assert public.startswith("ecdsa-sha2-nistp384 ")          # what SuperNode auth takes
+        private = tmp_path / "keys" / name
+        assert private.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+        assert private.stat().st_mode & 0o077 == 0                 # private to its owner
+    assert main(["keys", str(tmp_path / "other"), "dev3", "--register", "nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown federation 'nowhere'" in err and "local-tls" in err
+    assert not (tmp_path / "other").exists()                       # nothing made on a bad call

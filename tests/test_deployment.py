@@ -6,6 +6,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedcluster_app.config import default_run_config, merge_overrides
@@ -76,3 +77,46 @@ def test_a_supernode_that_dies_and_comes_back_keeps_its_cluster(tmp_path):
     assert any(1 in r["failed_clients"] for r in rounds)  # who missed a round is recorded
     assert clients[1]["cluster"] == before               # client 1 never drifts: same cluster
     assert rounds[-1]["evaluated_clients"] == 3
+
+
+def test_a_crashed_server_resumes_from_its_checkpoint_in_deployment(tmp_path):
+    """SIGKILL the SuperLink with its ServerApp mid-run (the server machine dies), bring it back
+    on the same database and port, and resume the run with `resume-from`: it ends with the same
+    assignments and metrics as an uninterrupted run with the same seed."""
+    from fedcluster_app.engine import run_inprocess
+    from fedcluster_app.launcher import RunFailed
+
+    out = tmp_path / "out"
+    cfg = small_run(out, **{"num-steps": 5, "checkpoint-every": 1})
+    failure: list[BaseException] = []
+
+    def first_attempt() -> None:
+        try:
+            run_on_deployment(cfg, dep.connection())
+        except (RunFailed, OSError) as ex:
+            failure.append(ex)
+
+    with LocalDeployment(tmp_path / "dep", num_nodes=3) as dep:
+        runner = threading.Thread(target=first_attempt)
+        runner.start()
+        while not (out / "metrics.jsonl").is_file() or \
+                len((out / "metrics.jsonl").read_text().splitlines()) < 2:
+            time.sleep(0.2)
+        dep.stop_superlink(crash=True)
+        runner.join(timeout=300)
+        assert not runner.is_alive() and failure, "the first attempt should have failed"
+        meta, _ = read_checkpoint(out)
+        assert 2 <= meta["round"] < 5
+        dep.start_superlink()
+        dep.wait_online(3)
+        run_on_deployment({**cfg, "resume-from": str(out)}, dep.connection())
+    summary, rounds = load_run(out)
+    reference = run_inprocess(small_run(tmp_path / "ref", **{"num-steps": 5}))
+    _, ref_rounds = load_run(tmp_path / "ref")
+    assert summary["status"] == reference["status"] == "completed"
+    assert summary["resumed_after_round"] == meta["round"]       # continued, not started again
+    assert [r["round"] for r in rounds] == list(range(1, 6))
+    assert {c: v["cluster"] for c, v in checkpoint_clients(out).items()} == \
+        {c: v["cluster"] for c, v in checkpoint_clients(tmp_path / "ref").items()}
+    np.testing.assert_allclose([r["accuracy"] for r in rounds], [r["accuracy"] for r in ref_rounds],
+                               atol=1e-9)

@@ -48,11 +48,13 @@ def test_killed_server_resumes_to_the_uninterrupted_result(tmp_path):
     proc.wait()
     _, partial = load_run_lenient(crashed)
     assert 7 <= len(partial) < 18
+    checkpointed = read_checkpoint(crashed)[0]["round"]
 
     assert fedcluster(*ARGS, "--out", str(crashed), "--resume", str(crashed)).wait(timeout=600) == 0
     summary, rounds = load_run(crashed)
     _, reference = load_run(full)
     assert summary["status"] == "completed"
+    assert summary["resumed_after_round"] == checkpointed        # continued, not started again
     assert [r["round"] for r in rounds] == list(range(1, 19))
     assert assignments(crashed) == assignments(full)
     np.testing.assert_allclose([r["accuracy"] for r in rounds], [r["accuracy"] for r in reference],
