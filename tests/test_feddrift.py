@@ -206,9 +206,9 @@ def test_numpy_trainer_matches_torch():
     rng = np.random.default_rng(0)
     x = rng.random((500, 3)).astype(np.float32)
     y = (x[:, 0] + x[:, 1] > 1).astype(np.int64)
-    for opt in ("adam", "sgd"):
-        cfg = TrainConfig(optimizer=opt, lr=0.01, weight_decay=1e-3, local_steps=30, batch_size=50,
-                          momentum=0.5 if opt == "sgd" else 0.0)
+    for opt, steps in (("adam", 30), ("sgd", 30), ("adam", 0)):   # 0: one epoch, partial last batch
+        cfg = TrainConfig(optimizer=opt, lr=0.01, weight_decay=1e-3, local_steps=steps, batch_size=64,
+                          local_epochs=1, momentum=0.5 if opt == "sgd" else 0.0)
         set_weights(model, w0)
         local_train(model, x, y, cfg, np.random.default_rng(1))
         fast, _ = numpy_train(w0, x, y, cfg, np.random.default_rng(1))
@@ -224,21 +224,23 @@ def test_stacked_numpy_training_equals_training_each_model_alone():
     from fedcluster_app.training import batch_indices
 
     rng = np.random.default_rng(3)
-    cfg = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=20, batch_size=50)
-    jobs = []
-    for k, (n, hidden) in enumerate([(500, 4), (900, 4), (300, 4), (500, 6)]):
-        w = [rng.normal(size=(hidden, 3)), rng.normal(size=hidden), rng.normal(size=(2, hidden)),
-             rng.normal(size=2)]
-        x = rng.random((n, 3))
-        y = (x[:, 0] > x[:, k % 3]).astype(np.int64)
-        jobs.append((w, x, y, batch_indices(n, cfg, np.random.default_rng(k))))
-    together = numpy_train_many(jobs, cfg)
-    for (w, x, y, batches), (weights, loss) in zip(jobs, together):
-        alone, alone_loss = numpy_train(w, x, y, cfg, np.random.default_rng(0), batches)
-        assert loss == pytest.approx(alone_loss, rel=1e-9)
-        for a, b in zip(alone, weights):
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    assert not np.allclose(together[0][0][0], together[1][0][0])   # different data, different models
+    steps = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=20, batch_size=50)
+    epochs = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=0, batch_size=64)
+    for cfg in (steps, epochs):      # epochs: equal-size jobs share a partial last batch
+        jobs = []
+        for k, (n, hidden) in enumerate([(500, 4), (900, 4), (300, 4), (500, 6), (500, 4)]):
+            w = [rng.normal(size=(hidden, 3)), rng.normal(size=hidden),
+                 rng.normal(size=(2, hidden)), rng.normal(size=2)]
+            x = rng.random((n, 3))
+            y = (x[:, 0] > x[:, k % 3]).astype(np.int64)
+            jobs.append((w, x, y, batch_indices(n, cfg, np.random.default_rng(k))))
+        together = numpy_train_many(jobs, cfg)
+        for (w, x, y, batches), (weights, loss) in zip(jobs, together):
+            alone, alone_loss = numpy_train(w, x, y, cfg, np.random.default_rng(0), batches)
+            assert loss == pytest.approx(alone_loss, rel=1e-9)
+            for a, b in zip(alone, weights):
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        assert not np.allclose(together[0][0][0], together[1][0][0])   # different data and models
 
 def test_family_is_registered():
     for name in ("feddrift", "feddrift-eager", "feddrift-c", "feddrift-w", "feddrift-eager-w",

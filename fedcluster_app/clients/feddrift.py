@@ -124,14 +124,23 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
 
     w1, b1, w2, b2 = split(flat)
     g1, gb1, g2, gb2 = split(grad)
-    steps = len(jobs[0][3])
-    bsz = len(jobs[0][3][0]) if steps else 0
-    # every minibatch of every job gathered once: (M, steps, bsz, d) and (M, steps, bsz)
     xs = [np.asarray(x, dtype=np.float64).reshape(len(x), -1) for _, x, _, _ in jobs]
-    XB = np.stack([x[np.stack(b)] for x, (_, _, _, b) in zip(xs, jobs)]) if steps else None
-    YB = np.stack([np.asarray(y)[np.stack(b)] for _, _, y, b in jobs]) if steps else None
-    picked = np.ones((steps, M, bsz))                       # p(y | x) of every sample seen
-    mi, rows = np.arange(M)[:, None], np.arange(bsz)[None, :]
+    ys = [np.asarray(y) for _, _, y, _ in jobs]
+    sizes = [len(b) for b in jobs[0][3]]        # the same for every job of a group
+    XB = YB = None
+    if len(set(sizes)) == 1 and sizes[0] > 0:   # local steps: gather every minibatch at once
+        XB = np.stack([x[np.stack(b)] for x, (_, _, _, b) in zip(xs, jobs)])  # (M, steps, bsz, d)
+        YB = np.stack([y[np.stack(b)] for y, (_, _, _, b) in zip(ys, jobs)])
+
+    def batch_at(step: int) -> tuple[np.ndarray, np.ndarray]:
+        if XB is not None:
+            return XB[:, step], YB[:, step]
+        # epochs with a partial last batch: gathered step by step
+        return (np.stack([x[b[step]] for x, (_, _, _, b) in zip(xs, jobs)]),
+                np.stack([y[b[step]] for y, (_, _, _, b) in zip(ys, jobs)]))
+
+    picked = []                                 # p(y | x) of every sample seen, per step
+    mi = np.arange(M)[:, None]
     adam = cfg.optimizer == "adam"
     m = np.zeros_like(flat)
     v = np.zeros_like(flat)
@@ -139,8 +148,13 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     tmp = np.empty_like(flat)
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     wd, lr = float(cfg.weight_decay), float(cfg.lr)
-    for t in range(1, steps + 1 if bsz else 1):
-        xb, yb = XB[:, t - 1], YB[:, t - 1]
+    t = 0
+    for step, bsz in enumerate(sizes):
+        if bsz == 0:
+            continue
+        t += 1                                  # torch's step counter: optimizer steps taken
+        xb, yb = batch_at(step)
+        rows = np.arange(bsz)[None, :]
         z1 = np.matmul(xb, w1.transpose(0, 2, 1))          # (M, bsz, hidden)
         z1 += b1[:, None, :]
         a1 = np.maximum(z1, 0.0)
@@ -149,7 +163,7 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
         p -= p.max(axis=2, keepdims=True)
         np.exp(p, out=p)
         p /= p.sum(axis=2, keepdims=True)
-        picked[t - 1] = p[mi, rows, yb]
+        picked.append(p[mi, rows, yb])
         p[mi, rows, yb] -= 1.0
         p /= bsz
         g2[...] = np.matmul(p.transpose(0, 2, 1), a1)
@@ -187,7 +201,8 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
         else:
             np.multiply(grad, lr, out=tmp)
             flat -= tmp
-    losses = -np.log(picked).mean(axis=(0, 2)) if steps and bsz else np.zeros(M)
+    # the mean over minibatches of the minibatch's mean cross-entropy, as local_train reports
+    losses = -np.mean([np.log(pk).mean(axis=1) for pk in picked], axis=0) if picked else np.zeros(M)
     return [([np.asarray(w[k], dtype=np.float32).copy() for w in (w1, b1, w2, b2)], float(losses[k]))
             for k in range(M)]
 
