@@ -216,7 +216,13 @@ def render(results: dict, methods: list[str], missing: list[str], args, elapsed:
     lines += [f"- {line}" for line in checks(results, args)]
     if missing:
         lines += ["", "Not implemented, so not run: " + ", ".join(missing) + "."]
-    lines += ["", f"Total wall time {elapsed / 60:.1f} min with {args.workers} worker(s)."]
+    run_s = sum(r["wall_time_s"] for r in results.values())
+    if args.table_only:
+        lines += ["", f"Rendered from the finished runs; their run times add up to {run_s / 60:.1f} min "
+                      f"(s/run above: in-process, measured while the runs shared the 2 cores)."]
+    else:
+        lines += ["", f"Total wall time {elapsed / 60:.1f} min with {args.workers} worker(s) "
+                      f"(run times add up to {run_s / 60:.1f} min)."]
     return "\n".join(lines) + "\n"
 
 
