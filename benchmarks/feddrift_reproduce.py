@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -179,7 +180,7 @@ def checks(results: dict, args) -> list[str]:
 
 
 def render(results: dict, methods: list[str], missing: list[str], args, elapsed: float) -> str:
-    cmd = "python benchmarks/feddrift_reproduce.py " + " ".join(a for a in sys.argv[1:] if a != "--table-only")
+    cmd = "python benchmarks/feddrift_reproduce.py " + shlex.join(a for a in sys.argv[1:] if a != "--table-only")
     lines = [
         f"Reproduction: R = {args.rounds} rounds per step, K = {args.local_steps} local steps, "
         f"seeds {args.seeds} (data seed {args.data_seed}), in-process engine.",
