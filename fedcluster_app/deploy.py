@@ -93,8 +93,9 @@ def make_node_keys(out: Path, name: str) -> tuple[Path, Path]:
 def register_key(public: Path, connection: dict[str, object], home: Path | None = None) -> None:
     """Register a SuperNode's public key with the SuperLink of ``connection``: from then on a
     SuperNode holding the private key may join (`flwr supernode register`)."""
-    home = home or Path(tempfile.mkdtemp(prefix="fc-"))
-    run_flwr(["supernode", "register", str(public), "fedcluster"], connection_env(home, connection))
+    with tempfile.TemporaryDirectory(prefix="fc-") as scratch:
+        env = connection_env(home or Path(scratch), connection)
+        run_flwr(["supernode", "register", str(public), "fedcluster"], env)
 
 
 # ------------------------------------------------------------------------------ processes
@@ -166,8 +167,8 @@ class LocalDeployment:
         return self
 
     def start_superlink(self, wait: float = 120.0) -> int:
-        """Start the SuperLink (again: its state, registered keys included, is in its database,
-        so after a crash it comes back on the same port and the SuperNodes reconnect)."""
+        """Start the SuperLink (again: its state is in its database, so after a crash it comes
+        back on the same port and the SuperNodes reconnect)."""
         link = [_bin("flower-superlink"), "--disable-runtime-dependency-installation",
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--database", str(self.dir / "superlink.db")]

@@ -277,8 +277,8 @@ def train(client: StreamClient, config: dict, models: Models):
         metrics.update({P.CHOSEN: chosen, P.LOSSES: losses, P.MODEL_IDS: ids})
     trained, per_model = {}, {}
     numpy_jobs: dict[int, TrainJob] = {}
+    cfg = client.train_config(config)
     for mid in train_ids:
-        cfg = client.train_config(config)
         rng = client.rng(int(config[P.ROUND]), mid)    # one stream per model: order-free
         steps = config.get(f"{P.DATA_STEPS}.{mid}", config.get(P.DATA_STEPS))
         step_w = config.get(f"{STEP_WEIGHTS}.{mid}")
@@ -304,7 +304,7 @@ def train(client: StreamClient, config: dict, models: Models):
         per_model[mid][P.TRAIN_LOSS] = local_train(net, x, y, cfg, rng)
         trained[mid] = get_weights(net)
     if numpy_jobs:     # the NumPy models of this client train together (one call per step)
-        results = numpy_train_many(list(numpy_jobs.values()), client.train_config(config))
+        results = numpy_train_many(list(numpy_jobs.values()), cfg)
         for mid, (weights, loss) in zip(numpy_jobs, results):
             trained[mid] = weights
             per_model[mid][P.TRAIN_LOSS] = loss
