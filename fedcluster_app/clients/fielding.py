@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ConfigRecord
 from torch.nn import functional as F
 
 from .. import protocol as P
@@ -113,23 +113,23 @@ def report(client: StreamClient, config: dict, models: Models):
     probe = None
     if models:  # the probe model, broadcast once
         probe = models[min(models)]
-        state[STATE_PROBE] = ArrayRecord(probe)
+        state[STATE_PROBE] = P.pack_arrays(probe)
     elif STATE_PROBE in state.array_records:
-        probe = state.array_records[STATE_PROBE].to_numpy_ndarrays()
+        probe = P.unpack_arrays(state.array_records[STATE_PROBE])
     if kind != "label" and probe is None:
         return {PROBE_MISSING: 1, DRIFTED: 0}, {}, {}
     r_now = representation(client, config, probe)
     last = None
     if STATE_REP in state.array_records and STATE_INFO in state.config_records \
             and state.config_records[STATE_INFO].get("kind") == kind:
-        last = state.array_records[STATE_REP].to_numpy_ndarrays()[0]
+        last = P.unpack_arrays(state.array_records[STATE_REP])[0]
     registering = bool(config.get(REGISTER, False)) or last is None
     metric = str(config.get(METRIC, "l1"))
     drifted = registering or last.shape != r_now.shape or \
         core.distance(r_now, last, metric) > float(config.get(EPS, 0.0))
     if not drifted:
         return {DRIFTED: 0}, {}, {}
-    state[STATE_REP] = ArrayRecord([r_now.astype(np.float64)])
+    state[STATE_REP] = P.pack_arrays([r_now.astype(np.float64)])
     state[STATE_INFO] = ConfigRecord({"kind": kind})
     sent = r_now
     fraction = float(client.exp.cfg.raw.get(MALICIOUS_KEY, 0.0))

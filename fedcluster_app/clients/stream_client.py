@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import MetricRecord, RecordDict
 from flwr.client import NumPyClient
 
 from .. import protocol as P
@@ -121,11 +121,11 @@ class StreamClient(NumPyClient):
     def personal_weights(self) -> list[np.ndarray]:
         """This client's own model; created from a client-specific seed on first use."""
         if PERSONAL_KEY in self.state.array_records:
-            return self.state.array_records[PERSONAL_KEY].to_numpy_ndarrays()
+            return P.unpack_arrays(self.state.array_records[PERSONAL_KEY])
         return initial_weights(self.exp.spec, seed=self.exp.cfg.seed * 100_003 + self.client_id)
 
     def store_personal(self, weights: list[np.ndarray]) -> None:
-        self.state[PERSONAL_KEY] = ArrayRecord(weights)
+        self.state[PERSONAL_KEY] = P.pack_arrays(weights)
 
     def _count(self, what: str) -> None:
         if COUNTERS_KEY not in self.state.metric_records:
