@@ -1,0 +1,156 @@
+"""Golden metrics: seeded short runs of every registered strategy, recorded before a refactor
+and compared after it, so behaviour that must not change can be checked bit for bit.
+
+    python tests/golden/golden.py record  [--out tests/golden/metrics.jsonl]
+    python tests/golden/golden.py compare [--golden tests/golden/metrics.jsonl]
+
+Each line of the golden file is one run: its name, its run config and every metrics.jsonl
+record and the summary, without wall-clock fields. ``compare`` re-runs each recorded config and
+reports, per run, whether every value is identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT = HERE / "metrics.jsonl"
+
+# The tests' fast setting (tests/conftest.py): 10 clients, 6 steps, a label swap at step 3.
+FAST = {"scenario": "mixture-swap", "rounds-per-step": 2, "local-steps": 5,
+        "samples-per-step": 100, "test-samples": 50, "progress": False, "plot": False}
+QUIET = {"progress": False, "plot": False}
+
+# Each family also on its own paper's data, small (the code paths its scenarios exercise).
+FAMILY_RUNS = {
+    "feddrift": (["feddrift", "feddrift-eager", "feddrift-c", "feddrift-w", "oblivious", "window",
+                  "ifca-w", "cfl", "driftsurf", "aue", "kue", "adaptive-fedavg", "oracle-t"],
+                 {"scenario": "sea4", "rounds-per-step": 2, "local-steps": 10, "num-steps": 6,
+                  "samples-per-step": 200, "feddrift.delta": 0.04}),
+    "fielding": (["fielding", "static-cfl", "auxo", "fielding-tau0"],
+                 {"scenario": "labels-small-large", "rounds-per-step": 2, "local-steps": 5}),
+    "fielding-gradient": (["fielding"],
+                          {"scenario": "digits-concept-swap", "rounds-per-step": 2,
+                           "local-steps": 5, "fielding.rep": "gradient"}),
+    "flexcfl": (["flexcfl", "fedgroup", "fesem", "flexcfl-ifca", "flexcfl-ifca-mig", "fesem-mig"],
+                {"scenario": "synthetic-1-1-swap", "num-steps": 12, "rounds-per-step": 1,
+                 "num-clusters": 3, "local-steps": 5, "flexcfl.pretrain-scale": 2,
+                 "fedgroup.pretrain-scale": 2}),
+    "fedrc": (["fedrc", "fedem", "fedsoft", "cfl-rounds", "fesem"],
+              {"scenario": "shifts-3", "rounds-per-step": 8, "num-clusters": 3,
+               "local-steps": 5, "fesem.clients-per-round": 30}),
+    "fedccfa": (["fedccfa", "fedrep", "fedbabu", "flash", "adaptive-fedavg-rounds"],
+                {"scenario": "digits-ccfa", "num-steps": 4, "rounds-per-step": 2,
+                 "fedccfa.align-start": 2, "fedccfa.ext-epochs": 1, "fedbabu.ft-epochs": 1,
+                 "fedbabu.ext-epochs": 1, "fedrep.ext-epochs": 1, "flash.epochs": 1}),
+}
+
+# wall-clock readings and paths: they differ between any two runs
+VOLATILE = {"round_time_s", "wall_time_s", "fielding_cluster_s", "fielding_handling_s",
+            "out_dir", "started_at",
+            "finished_at", "config"}
+
+
+def strategies() -> list[str]:
+    try:
+        from fedcluster_app.api import STRATEGIES
+    except ImportError:
+        from fedcluster_app.strategies import STRATEGIES
+    return sorted(STRATEGIES)
+
+
+def runs() -> list[tuple[str, dict]]:
+    out = [(f"fast/{s}", {**FAST, "strategy": s}) for s in strategies()]
+    for family, (names, cfg) in FAMILY_RUNS.items():
+        out += [(f"{family}/{s}", {**QUIET, **cfg, "strategy": s}) for s in names]
+    return out
+
+
+def strip(obj):
+    if isinstance(obj, dict):
+        return {k: strip(v) for k, v in obj.items() if k not in VOLATILE}
+    if isinstance(obj, list):
+        return [strip(v) for v in obj]
+    return obj
+
+
+def run_one(name: str, cfg: dict) -> dict:
+    from fedcluster_app.engine import run_inprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        run_inprocess({**cfg, "out-dir": str(out)})
+        rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((out / "summary.json").read_text())
+    return {"name": name, "config": cfg, "rounds": strip(rounds), "summary": strip(summary)}
+
+
+def first_difference(a, b, path="") -> str | None:
+    if type(a) is not type(b):
+        return f"{path}: {a!r} != {b!r}"
+    if isinstance(a, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                return f"{path}.{k}: only in {'golden' if k in a else 'new'}"
+            d = first_difference(a[k], b[k], f"{path}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return f"{path}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = first_difference(x, y, f"{path}[{i}]")
+            if d:
+                return d
+        return None
+    return None if a == b else f"{path}: {a!r} != {b!r}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["record", "compare"])
+    ap.add_argument("--golden", "--out", default=str(DEFAULT))
+    ap.add_argument("--only", nargs="*", help="run names (or prefixes) to do")
+    args = ap.parse_args(argv)
+    wanted = runs()
+    if args.only:
+        wanted = [(n, c) for n, c in wanted if any(n.startswith(o) for o in args.only)]
+    if args.mode == "record":
+        with open(args.golden, "w") as fh:
+            for name, cfg in wanted:
+                t0 = time.monotonic()
+                fh.write(json.dumps(run_one(name, cfg), sort_keys=True) + "\n")
+                fh.flush()
+                print(f"{name}: {time.monotonic() - t0:.1f} s", flush=True)
+        return 0
+    golden = {}
+    for line in Path(args.golden).read_text().splitlines():
+        rec = json.loads(line)
+        golden[rec["name"]] = rec
+    bad = 0
+    for name, _ in wanted:
+        if name not in golden:
+            print(f"{name}: NOT IN GOLDEN FILE")
+            bad += 1
+            continue
+        rec = run_one(name, golden[name]["config"])
+        want = {**golden[name], "rounds": strip(golden[name]["rounds"]),
+                "summary": strip(golden[name]["summary"])}
+        diff = first_difference(want, rec)
+        print(f"{name}: {'identical' if diff is None else 'DIFFERS ' + diff}", flush=True)
+        bad += diff is not None
+    missing = sorted(set(golden) - {n for n, _ in wanted}) if not args.only else []
+    for name in missing:
+        print(f"{name}: in the golden file, no longer a registered run")
+    print(f"{len(wanted) - bad} of {len(wanted)} runs identical; {len(missing)} golden runs gone")
+    return 1 if bad or missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
