@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedcluster_app.config import default_run_config, merge_overrides
+from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.deploy import LocalDeployment
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.launcher import run_on_deployment, run_with_flwr
-from fedcluster_app.results import load_run
+from fedcluster_app.core.results import load_run
 
 
 def clientapp_import_seconds() -> float:
@@ -67,7 +67,7 @@ def main() -> None:
     print(f"ClientApp import in a fresh process (torch, flwr, numpy): {imp:.2f} s; a deployed "
           f"SuperNode pays it once per message, i.e. about {2 * imp:.1f} s per round per client "
           f"(clients run in parallel, on this machine they share {__import__('os').cpu_count()} "
-          f"cores), and polls the SuperLink every few seconds (FLOWER.md section 5).")
+          f"cores), and polls the SuperLink every few seconds (Flower's built-in intervals).")
 
 
 if __name__ == "__main__":

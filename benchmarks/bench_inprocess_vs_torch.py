@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 from flwr.app import RecordDict
 
-from fedcluster_app.clients import StreamClient
-from fedcluster_app.config import default_run_config, merge_overrides
+from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.engine import run_inprocess
-from fedcluster_app.experiment import load_experiment
-from fedcluster_app.models import initial_weights
-from fedcluster_app.strategies.base import read_checkpoint, weighted_average
-from fedcluster_app import protocol as P
+from fedcluster_app.core.experiment import load_experiment
+from fedcluster_app.core.models import initial_weights
+from fedcluster_app.core.strategy import read_checkpoint, weighted_average
+from fedcluster_app.core import wire as P
 
 
 def config(rounds: int, out: str) -> dict:

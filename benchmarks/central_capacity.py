@@ -14,10 +14,10 @@ import argparse
 
 import numpy as np
 
-from fedcluster_app.config import TrainConfig
-from fedcluster_app.datasets import build_scenario
-from fedcluster_app.models import ModelSpec, build_model
-from fedcluster_app.training import evaluate, limit_threads, local_train
+from fedcluster_app.core.config import TrainConfig
+from fedcluster_app.core.data import build_scenario
+from fedcluster_app.core.models import ModelSpec, build_model
+from fedcluster_app.core.training import evaluate, limit_threads, local_train
 
 
 def main() -> None:

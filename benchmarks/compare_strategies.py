@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fedcluster_app.config import parse_assignment
+from fedcluster_app.core.config import parse_assignment
 from fedcluster_app.engine import run_inprocess
-from fedcluster_app.results import compare_runs
+from fedcluster_app.core.results import compare_runs
 
 
 def main() -> None:

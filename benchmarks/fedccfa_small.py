@@ -1,14 +1,14 @@
-"""FedCCFA's small experiment on the digits (spec fedccfa.md section 8), through the real
+"""FedCCFA's small experiment on the digits (docs/fedccfa.md), through the real
 ServerApp/ClientApp in-process.
 
 K = 10 clients, full participation, Dirichlet(0.5) label skew, 135 training samples per client
 and step, MLP extractor (64 -> 64, d = 64) + linear classifier, 60 rounds = 12 steps x 5 rounds,
-drift at step 7 (round 31 = 0-indexed round 30, as the spec's 30 of 60): sudden (all groups
+drift at step 7 (round 31 = 0-indexed round 30, half-way like the paper's 100 of 200): sudden (all groups
 swap), incremental (G1, G2, G3 one step = 5 rounds apart), recurring (swap at round 31, back at
 round 46 = 0-indexed 45). Paper hyper-parameters (SGD momentum 0.9, wd 1e-5, batch 64, E = 5,
-lr 0.01 / 0.1), T_s = 6 (= 20/200 x 60), FedCCFA eps 0.05 (spec 8).
+lr 0.01 / 0.1), T_s = 6 (= 20/200 x 60), FedCCFA eps 0.05 (docs/fedccfa.md explains why not 0.1).
 
-Data: ``digits-ccfa`` (the spec's partition 4.2 on a stream: every training batch holds >= 5
+Data: ``digits-ccfa`` (the paper's partition on a stream: every training batch holds >= 5
 samples of every class, the rest follows the client's Dirichlet prior). Metric: generalised accuracy (the whole 450-image digits test pool relabelled with each
 client's current concept, mean over the clients) after the last round. FedAvg/FedProx report it
 from their final global model (read from the run's checkpoint); the other methods report it
@@ -27,16 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster_app.clients.fedccfa import _accuracy, general_test_set
+from fedcluster_app.families.fedccfa.client import _accuracy, general_test_set
 from fedcluster_app.engine import run_inprocess
-from fedcluster_app.experiment import load_experiment
-from fedcluster_app.config import default_run_config, merge_overrides
-from fedcluster_app.models import build_model, set_weights
-from fedcluster_app.strategies.fedccfa_core import drift_recovery
-from fedcluster_app.strategies.base import read_checkpoint
+from fedcluster_app.core.experiment import load_experiment
+from fedcluster_app.core.config import default_run_config, merge_overrides
+from fedcluster_app.core.models import build_model, set_weights
+from fedcluster_app.families.fedccfa.classifiers import drift_recovery
+from fedcluster_app.core.strategy import read_checkpoint
 
 STEPS, RPS, DRIFT_STEP = 12, 5, 7
-# digits-ccfa: the spec's partition (>= 5 training samples of every class per client and step)
+# digits-ccfa: the paper's partition (>= 5 training samples of every class per client and step)
 SCENARIOS = {p: "digits-ccfa" for p in ("none", "sudden", "incremental", "recurring")}
 COMMON = {
     "model": "mlp", "hidden": 64, "num-steps": STEPS, "rounds-per-step": RPS,
@@ -54,7 +54,7 @@ VARIANTS = {   # method name -> (strategy, extra overrides)
     "fedccfa-eps0.1": ("fedccfa", {"fedccfa.eps": 0.1}),
     "fedccfa-eps0.2": ("fedccfa", {"fedccfa.eps": 0.2}),
     "adaptive-fedavg": ("adaptive-fedavg", {}),
-    "adaptive-fedavg-rounds": ("adaptive-fedavg-rounds", {}),   # spec 6: lr adapted every round
+    "adaptive-fedavg-rounds": ("adaptive-fedavg-rounds", {}),   # the FedCCFA paper's: lr adapted every round
 }
 
 

@@ -1,6 +1,6 @@
 """Reproduce the FedDrift paper's synthetic results (Table 2 / appendix Table 4) with fedcluster.
 
-The paper's protocol (feddrift.md sections 1.3, 4.1): 10 clients, 10 training steps plus a test
+The paper's protocol (docs/feddrift.md): 10 clients, 10 training steps plus a test
 step, 500 samples per client and step, R rounds per step (paper: 100), K = 50 local Adam steps
 (amsgrad, weight decay 1e-3) of batch 50, lr 1e-2, delta per dataset (SINE 0.20, CIRCLE 0.10,
 SEA 0.04), data fixed across trials (data seed 0), trial seed = model init and minibatches.
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 DATASETS = ["sine2", "circle2", "sea2", "sea4"]
-DELTA = {"sine2": 0.20, "circle2": 0.10, "sea2": 0.04, "sea4": 0.04}          # ref-code defaults
+DELTA = {"sine2": 0.20, "circle2": 0.10, "sea2": 0.04, "sea4": 0.04}          # the authors' code's defaults
 DRIFTSURF_DELTA = {"sine2": 0.10, "circle2": 0.05, "sea2": 0.02, "sea4": 0.02}
 CLUSTERS = {"sine2": 2, "circle2": 2, "sea2": 2, "sea4": 4}
 
@@ -108,7 +108,7 @@ def main() -> None:
                     help="run nothing: render the table from the finished runs in --runs-dir")
     args = ap.parse_args()
 
-    from fedcluster_app.strategies import STRATEGIES
+    from fedcluster_app.api import STRATEGIES
 
     methods = [m for m in args.methods if PAPER[m][0] in STRATEGIES]
     missing = [m for m in args.methods if m not in methods]
@@ -213,7 +213,7 @@ def render(results: dict, methods: list[str], missing: list[str], args, elapsed:
             continue
         lines.append(f"| {m} | " + " | ".join(cells) +
                      f" | {np.mean(models):.1f} | {np.mean(sent):.0f} | {np.mean(secs):.1f} |")
-    lines += ["", "The issue's checks (omit-drift accuracy, mean over the seeds run):", ""]
+    lines += ["", "The acceptance checks (omit-drift accuracy, mean over the seeds run):", ""]
     lines += [f"- {line}" for line in checks(results, args)]
     if missing:
         lines += ["", "Not implemented, so not run: " + ", ".join(missing) + "."]

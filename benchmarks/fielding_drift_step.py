@@ -1,4 +1,4 @@
-"""Time one Fielding drift-handling step at the paper's largest scale (fielding.md 5.4).
+"""Time one Fielding drift-handling step at the paper's largest scale (Open Images, 5,078 clients).
 
 5,078 clients with 100-dimensional label vectors from an Open-Images-like bucket trace: each
 client holds 10-30 of 100 classes (class popularity Zipf-like, as in Open Images), split at random
@@ -14,7 +14,7 @@ The global re-clustering is timed (whether or not the trigger fired) with each k
 
 * ``before``  -- the restarts one after the other (Hamerly's bounds; the implementation before
   the lock-step engine, bit for bit: ``batched=False``);
-* ``exact``   -- the lock-step engine, every restart to convergence (the spec's loop:
+* ``exact``   -- the lock-step engine, every restart to convergence (the k-means of docs/fielding.md, D4:
   ``batched=True``);
 * ``default`` -- what Fielding runs by default (``fielding.n-keep = 2``): for sparse vectors from
   1,000 clients on, the lock-step engine with successive halving -- only the ``--n-keep``
@@ -40,7 +40,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from fedcluster_app.strategies import fielding_core as core  # noqa: E402
+from fedcluster_app.families.fielding import clustering as core  # noqa: E402
 
 ENGINES = {  # name -> kmeans keywords
     "before": {"batched": False},

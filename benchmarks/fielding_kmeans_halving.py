@@ -2,7 +2,7 @@
 
 On the drift-step benchmark's Open-Images-like bucket trace (5,078 clients x 100 labels), for
 every K in 2..10 and a few traces and seeds: the cost (sum of l1 distances to the centers) of the
-best restart when all ``--n-init`` restarts run to convergence (the spec's loop, lock-step
+best restart when all ``--n-init`` restarts run to convergence (the k-means of docs/fielding.md, D4, lock-step
 engine) against successive halving (only the ``--n-keep`` restarts of lowest cost after
 ``--prune-at`` Lloyd iterations run on), both from the same k-means++ seeds, and the time of each.
 Also the spread of the costs of the individual restarts (the per-restart engine), for scale.
@@ -22,7 +22,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from fielding_drift_step import bucket_trace, load  # noqa: E402
 
-from fedcluster_app.strategies import fielding_core as core  # noqa: E402
+from fedcluster_app.families.fielding import clustering as core  # noqa: E402
 
 
 def main() -> None:

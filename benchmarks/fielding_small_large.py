@@ -1,9 +1,9 @@
-"""Fielding on ``labels-small-large`` (fielding.md 8): small drift at round 21, large at round 41.
+"""Fielding on ``labels-small-large`` (the small experiment of docs/fielding.md): small drift at round 21, large at round 41.
 
-Settings of section 8.1: 30 clients, 60 rounds (12 steps x 5 rounds), multinomial logistic
+Settings: 30 clients, 60 rounds (12 steps x 5 rounds), multinomial logistic
 regression, SGD lr 0.3, 5 local steps, batch 20, M = 9 clients per round (fraction-train 0.3 for
 the global model; floor(M/K) per cluster for the clustered ones). Prints per method the mean
-accuracy over the spec's windows (pre-drift 16-20, after drift 1 21-25, after drift 2 41-45,
+accuracy over the windows (pre-drift 16-20, after drift 1 21-25, after drift 2 41-45,
 final 56-60, mean 21-60), global re-clusterings, final K and the time to the target accuracy
 (the global model's final accuracy, round 60) in rounds and simulated seconds.
 

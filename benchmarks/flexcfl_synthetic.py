@@ -1,11 +1,11 @@
-"""FlexCFL spec section 8.1 on Synthetic(1,1) + MCLR, and the communication of each method.
+"""FlexCFL's small experiment (docs/flexcfl.md) on Synthetic(1,1) + MCLR, and the communication of each method.
 
 Runs every (scenario, method, data seed) in-process with presets/flexcfl-synthetic.toml, reads
-``weighted_accuracy`` (correct / test samples, spec 2.10) from each run's metrics.jsonl for the
+``weighted_accuracy`` (correct / test samples, the paper's metric) from each run's metrics.jsonl for the
 rounds after the round-robin phase (round > N/K), and prints per run the max and the mean of the
 last 10 rounds, the migrations, and the models sent down and up (training and query messages;
 evaluation excluded) with their ratio to FedAvg (``flexcfl-fedavg``: same selection). It then
-checks the spec's pass criteria (i)-(iii). Results also go to ``--json``.
+checks the experiment's pass criteria (i)-(iii) (docs/flexcfl.md). Results also go to ``--json``.
 
     python benchmarks/flexcfl_synthetic.py --seeds 1 2 3 4 --rounds 50 --epochs 2 \\
         --methods flexcfl-fedavg fedgroup flexcfl --scenarios synthetic-1-1 synthetic-1-1-swap
@@ -14,7 +14,7 @@ checks the spec's pass criteria (i)-(iii). Results also go to ``--json``.
     python benchmarks/flexcfl_synthetic.py --seeds 1 --rounds 50 --epochs 2 \\
         --methods flexcfl-ifca-mig fesem-mig --scenarios synthetic-1-1-swap   # Fig. 6's -MIG
     python benchmarks/flexcfl_synthetic.py --scenarios digits-pairs digits-pairs-swap \\
-        --rounds 60 --epochs 5 --k 10 --set lr=0.05   # spec 8.2 (smoke)
+        --rounds 60 --epochs 5 --k 10 --set lr=0.05   # the digits variant (smoke)
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ PRESET = ROOT / "presets" / "flexcfl-synthetic.toml"
 
 def one_run(args: tuple) -> dict:
     scenario, method, seed, rounds, epochs, k, out, reuse, extra = args
-    from fedcluster_app.config import parse_assignment
+    from fedcluster_app.core.config import parse_assignment
     from fedcluster_app.engine import run_inprocess
 
     cfg = tomllib.loads(PRESET.read_text())
@@ -53,7 +53,7 @@ def one_run(args: tuple) -> dict:
 
 
 def summarize(scenario: str, method: str, seed: int, k: int, out_dir: Path, wall: float) -> dict:
-    from fedcluster_app.results import load_run
+    from fedcluster_app.core.results import load_run
 
     summary, recs = load_run(out_dir)
     cfg = summary["config"]
@@ -75,7 +75,7 @@ def summarize(scenario: str, method: str, seed: int, k: int, out_dir: Path, wall
 
 
 def _paper_units(method: str, cfg: dict, recs: list[dict]) -> dict:
-    """FlexCFL's communication as the spec (2.8) counts it: cold starts decided on the client,
+    """FlexCFL's communication as the paper's client-side mode counts it (docs/flexcfl.md, D10): cold starts decided on the client,
     so a newcomer costs m + 1 downloads (w0 and the m directions) once, a migration nothing, and
     the group cold start alpha*m downloads of w0, alpha*m uploads and alpha*m*m downloads of W0.
     Our run does them on the server (w0 down, the pre-trained model up: 2 per cold start)."""
@@ -138,7 +138,7 @@ def main() -> int:
                   f"{statistics.mean(r['last10'] for r in rs):.3f} | "
                   f"{statistics.mean(r['migrations'] for r in rs):.1f} | "
                   + (f"{statistics.mean(ratio):.2f}x" if ratio else "-")
-                  + (f" (spec 2.8 client-side accounting {statistics.mean(paper):.2f}x)"
+                  + (f" (client-side accounting {statistics.mean(paper):.2f}x)"
                      if paper else ""))
     ok = True
     for d in a.seeds:

@@ -8,7 +8,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from .config import ConfigError, default_run_config, merge_overrides, parse_assignment
+from fedcluster_app.core.config import (ConfigError, default_run_config, merge_overrides, parse_assignment)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,9 +93,9 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .experiment import load_experiment
-    from .server_app import resolve_out_dir
-    from .strategies import strategy_class
+    from fedcluster_app.core.experiment import load_experiment
+    from fedcluster_app.server_app import resolve_out_dir
+    from fedcluster_app.api import strategy_class
 
     run_config = merge_overrides(default_run_config(), _overrides(args))
     # bad config fails here, before anything starts (a deployment's data live on its devices)
@@ -103,17 +103,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     strategy_class(exp.cfg.strategy)
     run_config["out-dir"] = str(resolve_out_dir(run_config))
     if args.engine == "inprocess":
-        from .engine import run_inprocess
+        from fedcluster_app.engine import run_inprocess
 
         summary = run_inprocess(run_config)
     else:
-        from .launcher import run_on_deployment, run_with_flwr
-        from .results import load_run
+        from fedcluster_app.launcher import run_on_deployment, run_with_flwr
+        from fedcluster_app.core.results import load_run
 
         if args.engine == "ray":
             run_with_flwr(run_config, exp.scenario.num_clients, federation=args.federation or "cpu")
         elif args.deployment:
-            from .deploy import LocalDeployment
+            from fedcluster_app.deploy import LocalDeployment
 
             run_on_deployment(run_config, LocalDeployment.load(args.deployment).connection())
         else:
@@ -126,9 +126,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .datasets import list_scenarios
-    from .launcher import load_profiles
-    from .strategies import list_strategies
+    from fedcluster_app.core.data import list_scenarios
+    from fedcluster_app.launcher import load_profiles
+    from fedcluster_app.api import list_strategies
 
     sections = []
     if args.what in ("all", "strategies"):
@@ -152,7 +152,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from .deploy import LocalDeployment
+    from fedcluster_app.deploy import LocalDeployment
 
     if args.action == "up":
         configs = [{"client-id": i, **({"data-dir": args.data_dir} if args.data_dir else {})}
@@ -175,7 +175,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from .deploy import make_certificates
+    from fedcluster_app.deploy import make_certificates
 
     files = make_certificates(args.dir, tuple(args.host) or ("127.0.0.1", "localhost"))
     print("\n".join(f"{name}: {path}" for name, path in files.items()))
@@ -183,8 +183,8 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from .deploy import make_node_keys, register_key
-    from .launcher import deployment_connection
+    from fedcluster_app.deploy import make_node_keys, register_key
+    from fedcluster_app.launcher import deployment_connection
 
     connection = deployment_connection(args.register) if args.register else None
     for name in args.names:
@@ -197,7 +197,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .results import compare_runs
+    from fedcluster_app.core.results import compare_runs
 
     print(compare_runs(args.dirs, out_path=args.plot, baseline=args.baseline, target=args.target))
     if args.plot:

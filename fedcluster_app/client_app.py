@@ -2,31 +2,26 @@
 
 The logical client id is the ``client-id`` node-config key in deployment and ``partition-id``
 in simulation; every reply carries it, with the ground-truth concept of the step (read only by
-metrics and the Oracle). Algorithm families add their own message kinds with
-``register_query`` / ``register_train`` / ``register_evaluate`` from a module in ``clients/`` instead of editing this
-file.
+metrics and the Oracle). The message kinds are the built-in ones (``core/handlers.py``) and
+those of every algorithm family (``HANDLERS`` of ``families/<family>/client.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from . import protocol as P
-from .clients.stream_client import StreamClient
-from .experiment import load_experiment
+from fedcluster_app import families
+from fedcluster_app.core import handlers
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.experiment import load_experiment
+from fedcluster_app.core.handlers import Handler
+from fedcluster_app.core.stream_client import StreamClient
 
 app = ClientApp()
-
-Models = dict[int, list[np.ndarray]]
-# handler(client, config, models) -> (metrics, models to send back, per-model metrics), or the
-# same plus other named arrays to send back ({name: arrays}, the reply's ``extra.<name>``)
-Handler = Callable[[StreamClient, dict[str, Any], Models], tuple]
 
 
 def logical_client_id(context: Context) -> int:
@@ -68,86 +63,16 @@ def _wrap(handler: Handler) -> Callable[[Message, Context], Message]:
     return handle
 
 
-def register_query(name: str, handler: Handler) -> None:
-    """Handle ``query.<name>`` messages with ``handler``."""
-    app.query(name)(_wrap(handler))
+def register(kind: str, handler: Handler) -> None:
+    """Answer messages of type ``kind`` ("train", "evaluate", "query.<name>", "train.<name>",
+    ...) with ``handler``."""
+    action, _, name = kind.partition(".")
+    decorators = {"train": app.train, "evaluate": app.evaluate, "query": app.query}
+    if action not in decorators:
+        raise ValueError(f"message kind {kind!r} is not train[.name], evaluate[.name] or query.name")
+    decorate = decorators[action](name) if name else decorators[action]()
+    decorate(_wrap(handler))
 
 
-def register_train(name: str, handler: Handler) -> None:
-    """Handle ``train.<name>`` messages (a training variant of an algorithm family)."""
-    app.train(name)(_wrap(handler))
-
-
-def register_evaluate(name: str, handler: Handler) -> None:
-    """Handle ``evaluate.<name>`` messages (an evaluation variant of an algorithm family)."""
-    app.evaluate(name)(_wrap(handler))
-
-
-# ---------------------------------------------------------------------------- built-in kinds
-def train(client: StreamClient, config: dict, models: Models):
-    """Train every model sent (or ``train-ids``), or the personal model, or IFCA's best one."""
-    if config.get(P.PERSONAL):
-        weights, n, m = client.fit(client.personal_weights(), {**config, "model-id": P.PERSONAL_MODEL_ID})
-        client.store_personal(weights)
-        return {P.NUM_EXAMPLES: n, **m}, {}, {}
-    metrics: dict[str, Any] = {}
-    train_ids = [int(i) for i in config.get(P.TRAIN_IDS, list(models))]
-    if config.get(P.SELECT) == "min-loss":
-        ids = sorted(models)
-        losses, accs = client.losses([models[i] for i in ids], config)
-        chosen = ids[min(range(len(ids)), key=lambda j: (losses[j], j))]
-        train_ids = [chosen]
-        metrics.update({P.CHOSEN: chosen, P.LOSSES: losses, P.ACCURACIES: accs, P.MODEL_IDS: ids})
-    trained, per_model = {}, {}
-    for mid in train_ids:
-        weights, n, m = client.fit(models[mid], {**config, "model-id": mid})
-        trained[mid] = weights
-        per_model[mid] = {P.NUM_EXAMPLES: n, **m}
-    metrics[P.NUM_EXAMPLES] = max((v[P.NUM_EXAMPLES] for v in per_model.values()), default=0)
-    return metrics, trained, per_model
-
-
-def evaluate(client: StreamClient, config: dict, models: Models):
-    """Test accuracy of the personal model, the one model sent, the mixture of several, or
-    (``select = "min-loss"``, a newcomer) the model of lowest loss on the labelled training
-    split."""
-    if config.get(P.PERSONAL):
-        loss, n, m = client.evaluate(client.personal_weights(), config)
-    elif config.get(P.SELECT) == "min-loss":
-        ids = sorted(models)
-        losses, _ = client.losses([models[i] for i in ids], config)
-        chosen = ids[min(range(len(ids)), key=lambda j: (losses[j], j))]
-        loss, n, m = client.evaluate(models[chosen], config)
-        m = {**m, P.CHOSEN: chosen}
-    elif len(models) == 1:
-        loss, n, m = client.evaluate(next(iter(models.values())), config)
-    else:
-        ids = sorted(models)
-        loss, n, m = client.evaluate_mixture([models[i] for i in ids], list(config[P.MIXTURE]), config)
-    return {P.LOSS: loss, P.NUM_EXAMPLES: n, **m}, {}, {}
-
-
-def info(client: StreamClient, config: dict, models: Models):
-    _, y = client.train_data(int(config[P.STEP]))
-    return {P.NUM_EXAMPLES: len(y)}, {}, {}
-
-
-def losses(client: StreamClient, config: dict, models: Models):
-    ids = sorted(models)
-    loss, acc = client.losses([models[i] for i in ids], config)
-    return {P.MODEL_IDS: ids, P.LOSSES: loss, P.ACCURACIES: acc}, {}, {}
-
-
-def histogram(client: StreamClient, config: dict, models: Models):
-    hist = client.label_histogram(int(config[P.STEP]))
-    return {P.HISTOGRAM: hist.tolist(), P.NUM_EXAMPLES: int(hist.sum())}, {}, {}
-
-
-app.train()(_wrap(train))
-app.evaluate()(_wrap(evaluate))
-register_query("info", info)
-register_query("losses", losses)
-register_query("histogram", histogram)
-
-# Algorithm families' client-side handlers register themselves on import.
-from .clients import handlers  # noqa: E402,F401  (after register_* exist: they import them)
+for _kind, _handler in {**handlers.HANDLERS, **families.client_handlers()}.items():
+    register(_kind, _handler)

@@ -15,8 +15,8 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from .client_app import app as default_client_app
-from .config import ConfigValue, default_run_config, merge_overrides
+from fedcluster_app.client_app import app as default_client_app
+from fedcluster_app.core.config import ConfigValue, default_run_config, merge_overrides
 
 ClientAppFn = Callable[[Message, Context], Message]
 
@@ -100,8 +100,8 @@ def run_inprocess(
     grid_cls: type[InProcessGrid] = InProcessGrid,
 ) -> dict:
     """Run one experiment in this process; returns its summary (as in summary.json)."""
-    from .experiment import load_experiment
-    from .server_app import run_server
+    from fedcluster_app.core.experiment import load_experiment
+    from fedcluster_app.server_app import run_server
 
     run_config = merge_overrides(default_run_config(), dict(overrides or {}))
     if num_nodes is None:

@@ -23,8 +23,8 @@ import time
 import tomllib
 from pathlib import Path
 
-from .config import ConfigValue
-from .project_files import PACKAGE_DIR, project_file
+from fedcluster_app.core.config import ConfigValue
+from fedcluster_app.core.project_files import PACKAGE_DIR, project_file
 
 FLWR_PROFILES_FILE = "pyproject-flwr.toml"
 
@@ -265,7 +265,7 @@ def deployment_connection(federation: str) -> dict[str, object]:
 
 def connection_env(home: Path, connection: dict[str, object]) -> dict[str, str]:
     """Environment for `flwr` commands with ``connection`` as the connection `fedcluster`."""
-    from .deploy import write_connection
+    from fedcluster_app.deploy import write_connection
 
     env = flwr_env(home)
     write_connection(Path(env["FLWR_HOME"]), connection)

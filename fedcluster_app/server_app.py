@@ -11,10 +11,10 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from .config import ConfigValue
-from .experiment import load_experiment
-from .results import RunRecorder
-from .strategies import build_strategy
+from fedcluster_app.core.config import ConfigValue
+from fedcluster_app.core.experiment import load_experiment
+from fedcluster_app.core.results import RunRecorder
+from fedcluster_app.api import build_strategy
 
 app = ServerApp()
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord
 
-from fedcluster_app import protocol as P
+from fedcluster_app.core import wire as P
 from fedcluster_app.client_app import app as client_app
-from fedcluster_app.config import ConfigError
+from fedcluster_app.core.config import ConfigError
 from fedcluster_app.engine import run_inprocess
-from fedcluster_app.results import load_run
-from fedcluster_app.strategies import STRATEGIES
+from fedcluster_app.core.results import load_run
+from fedcluster_app.api import STRATEGIES
 
 
 class CountingApp:
@@ -96,7 +96,7 @@ def test_bad_replies_are_rejected_and_the_run_goes_on(fast_config, strategy):
 
 
 def test_nodes_without_or_with_a_taken_client_id_are_refused_and_the_run_goes_on(fast_config, caplog):
-    from fedcluster_app.config import default_run_config, merge_overrides
+    from fedcluster_app.core.config import default_run_config, merge_overrides
     from fedcluster_app.engine import InProcessGrid
     from fedcluster_app.server_app import run_server
 

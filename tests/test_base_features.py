@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord
 
-from fedcluster_app import protocol as P
-from fedcluster_app.clients.stream_client import COUNTERS_KEY, PERSONAL_KEY
-from fedcluster_app.config import default_run_config, merge_overrides
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.stream_client import COUNTERS_KEY, PERSONAL_KEY
+from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.engine import InProcessGrid
-from fedcluster_app.experiment import load_experiment
-from fedcluster_app.results import RunRecorder, load_run
+from fedcluster_app.core.experiment import load_experiment
+from fedcluster_app.core.results import RunRecorder, load_run
 from fedcluster_app.server_app import run_server
-from fedcluster_app.strategies import ClusteredStrategy, Task
+from fedcluster_app.core.strategy import ClusteredStrategy, Task
 
 
 def setup(fast_config, strategy_cls, **overrides):
@@ -121,8 +121,8 @@ def test_registry_create_merge_delete(fast_config):
 def test_clients_train_on_the_history_steps_and_test_on_the_step_they_are_told(fast_config):
     from flwr.app import RecordDict
 
-    from fedcluster_app.clients import StreamClient
-    from fedcluster_app.models import initial_weights
+    from fedcluster_app.core.stream_client import StreamClient
+    from fedcluster_app.core.models import initial_weights
 
     rc = merge_overrides(default_run_config(), fast_config(window=1))
     exp = load_experiment(rc)
@@ -144,7 +144,7 @@ def test_wire_arrays_are_the_npy_bytes_flower_writes_and_reads():
     exactly what Array.from_numpy_ndarray writes, so any Flower runtime decodes them."""
     from flwr.app import Array
 
-    from fedcluster_app import protocol as P
+    from fedcluster_app.core import wire as P
 
     rng = np.random.default_rng(0)
     cases = [rng.normal(size=(3, 4)).astype(np.float32), np.arange(5), np.array(2.5),

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from fedcluster_app.engine import InProcessGrid, run_inprocess
-from fedcluster_app.results import load_run
-from fedcluster_app.strategies.base import read_checkpoint
+from fedcluster_app.core.results import load_run
+from fedcluster_app.core.strategy import read_checkpoint
 
 
 class CrashingGrid(InProcessGrid):

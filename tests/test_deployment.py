@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster_app.config import default_run_config, merge_overrides
+from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.deploy import LocalDeployment, make_node_keys
 from fedcluster_app.launcher import run_on_deployment
-from fedcluster_app.results import load_run
-from fedcluster_app.strategies.base import read_checkpoint
+from fedcluster_app.core.results import load_run
+from fedcluster_app.core.strategy import read_checkpoint
 
 pytestmark = pytest.mark.slow
 

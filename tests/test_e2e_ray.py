@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedcluster_app.engine import run_inprocess
-from fedcluster_app.results import load_run
+from fedcluster_app.core.results import load_run
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,20 +9,18 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message
 
-from fedcluster_app import protocol as P
+from fedcluster_app.core import wire as P
 from fedcluster_app.client_app import app as client_app
-from fedcluster_app.clients import fedccfa as CC
-from fedcluster_app.config import ConfigError, default_run_config, merge_overrides
-from fedcluster_app.datasets import build_scenario
-from fedcluster_app.datasets.drift import swap_permutation
+from fedcluster_app.families.fedccfa import client as CC
+from fedcluster_app.core.config import ConfigError, default_run_config, merge_overrides
+from fedcluster_app.core.data import build_scenario
+from fedcluster_app.core.data.drift import swap_permutation
 from fedcluster_app.engine import InProcessGrid, run_inprocess
-from fedcluster_app.experiment import load_experiment
+from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.server_app import run_server
-from fedcluster_app.strategies.base import ClientRecord, Reply
-from fedcluster_app.strategies.fedccfa import FedBABU, FedCCFA, FedRep, Flash
-from fedcluster_app.strategies.fedccfa_core import (SWAP_PAIRS, apply_swap, connected_components,
-                                                    dbscan_labels, drift_recovery, entropy_weight,
-                                                    label_entropy, madd, swap_group, swap_pair)
+from fedcluster_app.core.strategy import ClientRecord, Reply
+from fedcluster_app.families.fedccfa.fedccfa import FedBABU, FedCCFA, FedRep, Flash
+from fedcluster_app.families.fedccfa.classifiers import (SWAP_PAIRS, apply_swap, connected_components, dbscan_labels, drift_recovery, entropy_weight, label_entropy, madd, swap_group, swap_pair)
 
 TINY = {
     "scenario": "digits-swap", "model": "mlp", "hidden": 16, "num-steps": 2,
@@ -358,8 +356,8 @@ def test_baselines_run(tmp_path, strategy):
 
 def test_fedbabu_keeps_the_classifier_at_its_init(tmp_path):
     rc = merge_overrides(default_run_config(), tiny(tmp_path, strategy="fedbabu"))
-    from fedcluster_app.strategies import build_strategy
-    from fedcluster_app.results import RunRecorder
+    from fedcluster_app.api import build_strategy
+    from fedcluster_app.core.results import RunRecorder
 
     s = build_strategy(load_experiment(rc))
     init = [a.copy() for a in s.initial_weights()]
@@ -443,7 +441,7 @@ def test_global_anchor_variant_sends_one_mean_anchor_per_class(tmp_path):
 # ------------------------------------------------------------------------------- Adaptive-FedAvg
 def test_adaptive_lr_schedule_on_hand_computed_values():
     """Spec 6 with its constants (beta 0.7 / 0.3 / 0.7, eta0 0.01), m^_0 = 0 (authors' code)."""
-    from fedcluster_app.strategies.adaptive_lr import AdaptiveLR
+    from fedcluster_app.families.foundation.adaptive_fedavg import AdaptiveLR
 
     s = AdaptiveLR(0.01, 0.7, 0.3, 0.7, zero_start=True)
     assert s.lr == 0.01                                    # round 1 trains at eta0
@@ -465,10 +463,10 @@ def test_adaptive_fedavg_rounds_sends_the_adapted_lr(tmp_path):
     import json
     from pathlib import Path
 
-    from fedcluster_app.results import RunRecorder
-    from fedcluster_app.strategies import build_strategy
-    from fedcluster_app.strategies.adaptive_lr import AdaptiveLR, AdaptiveFedAvgRounds
-    from fedcluster_app.strategies.cfl import flatten
+    from fedcluster_app.core.results import RunRecorder
+    from fedcluster_app.api import build_strategy
+    from fedcluster_app.families.foundation.adaptive_fedavg import AdaptiveLR, AdaptiveFedAvgRounds
+    from fedcluster_app.families.foundation.cfl import flatten
 
     sent: dict[int, list[dict]] = {}
 

@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster_app import protocol as P
+from fedcluster_app.core import wire as P
 from fedcluster_app.client_app import app as default_app
-from fedcluster_app.clients.feddrift import ERROR_RATES, numpy_train
-from fedcluster_app.config import ConfigError, TrainConfig, default_run_config, merge_overrides
+from fedcluster_app.families.feddrift.client import ERROR_RATES, numpy_train
+from fedcluster_app.core.config import (ConfigError, TrainConfig, default_run_config, merge_overrides)
 from fedcluster_app.engine import run_inprocess
-from fedcluster_app.experiment import load_experiment
-from fedcluster_app.results import load_run
-from fedcluster_app.strategies import STRATEGIES
-from fedcluster_app.strategies.feddrift import FedDrift
+from fedcluster_app.core.experiment import load_experiment
+from fedcluster_app.core.results import load_run
+from fedcluster_app.api import STRATEGIES
+from fedcluster_app.families.feddrift.feddrift import FedDrift
 
 # 4 clients, 5 training steps + the test step. Step 3: clients 0, 1 move to a NEW concept (B);
 # step 4: client 2 moves to the now KNOWN concept B; step 5: client 0 returns to A (known).
@@ -197,8 +197,8 @@ def test_bad_loss_reports_are_left_out_and_the_run_goes_on(tmp_path, schedule):
 
 
 def test_numpy_trainer_matches_torch():
-    from fedcluster_app.models import ModelSpec, build_model, get_weights, set_weights
-    from fedcluster_app.training import local_train
+    from fedcluster_app.core.models import ModelSpec, build_model, get_weights, set_weights
+    from fedcluster_app.core.training import local_train
 
     spec = ModelSpec("mlp", (3,), 2, 6)
     model = build_model(spec, 0)
@@ -220,8 +220,8 @@ def test_numpy_trainer_matches_torch():
 def test_stacked_numpy_training_equals_training_each_model_alone():
     """KUE/AUE/FedDrift clients train their models in one stacked call: each model must come
     out as if trained alone on its own data and batches (and groups of unequal shape split)."""
-    from fedcluster_app.clients.feddrift import numpy_train_many
-    from fedcluster_app.training import batch_indices
+    from fedcluster_app.families.feddrift.client import numpy_train_many
+    from fedcluster_app.core.training import batch_indices
 
     rng = np.random.default_rng(3)
     steps = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=20, batch_size=50)
@@ -250,7 +250,7 @@ def test_family_is_registered():
 
 # ---------------------------------------------------------------------------- baselines
 def test_cfl_splitter_splits_opposed_groups_only():
-    from fedcluster_app.strategies.cfl import CFLSplitter
+    from fedcluster_app.families.foundation.cfl import CFLSplitter
 
     rng = np.random.default_rng(0)
     d = np.zeros(20)
@@ -308,7 +308,7 @@ def test_weighted_and_adaptive_fedavg_send_their_training_rules(tmp_path, schedu
 def test_adaptive_fedavg_schedule_is_the_shared_one_with_the_feddrift_start():
     """adaptive-fedavg adapts its lr once per step with ``adaptive_lr.AdaptiveLR`` (one beta,
     m^_0 = w_1, so v_1 = 0 and the first variance ratio that counts is at step 3)."""
-    from fedcluster_app.strategies.adaptive_lr import AdaptiveLR
+    from fedcluster_app.families.foundation.adaptive_fedavg import AdaptiveLR
 
     s = AdaptiveLR(0.1, 0.5, 0.5, 0.5, zero_start=False)
     # step 1, w = [1, 3]: v1 = 0; ratio 1 -> rho1 = 0.5, rho^1 = 1 -> lr = 0.1
@@ -373,7 +373,7 @@ def test_feddrift_resumes_after_a_crash_with_the_same_metrics(tmp_path, schedule
 
 
 def test_kue_replaces_its_lowest_kappa_model_each_step(tmp_path, schedule):
-    from fedcluster_app.strategies.feddrift_baselines import cohen_kappa
+    from fedcluster_app.families.feddrift.baselines import cohen_kappa
 
     assert cohen_kappa(np.array([[50, 0], [0, 50]])) == 1.0
     assert abs(cohen_kappa(np.array([[25, 25], [25, 25]]))) < 1e-12

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from fedcluster_app import protocol as P
+from fedcluster_app.core import wire as P
 from fedcluster_app.client_app import app as client_app
-from fedcluster_app.clients import fedrc as C
-from fedcluster_app.clients.fedsoft import importance_weights
-from fedcluster_app.clients.stream_client import StreamClient
-from fedcluster_app.config import ConfigError
+from fedcluster_app.families.fedrc import client as C
+from fedcluster_app.families.fedrc.fedsoft_client import importance_weights
+from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.config import ConfigError
 from fedcluster_app.engine import run_inprocess
-from fedcluster_app.experiment import load_experiment
-from fedcluster_app.results import load_run
-from fedcluster_app.strategies import fedrc as fedrc_module
-from fedcluster_app.strategies.base import read_checkpoint
+from fedcluster_app.core.experiment import load_experiment
+from fedcluster_app.core.results import load_run
+from fedcluster_app.families.fedrc import fedrc as fedrc_module
+from fedcluster_app.core.strategy import read_checkpoint
 from flwr.app import RecordDict
 
 from test_checkpoint import CrashingGrid
@@ -174,7 +174,7 @@ def test_held_out_clients_estimate_their_weights_and_pick_their_concept(tmp_path
 def test_mixture_prediction_mixes_probabilities_by_omega(tmp_path):
     exp = load_experiment({**SMALL})
     client = StreamClient(0, exp, RecordDict())
-    from fedcluster_app.models import initial_weights
+    from fedcluster_app.core.models import initial_weights
 
     a, b = initial_weights(exp.spec, 1), initial_weights(exp.spec, 2)
     config = {P.STEP: 1, P.ROUND: 1}
@@ -184,8 +184,8 @@ def test_mixture_prediction_mixes_probabilities_by_omega(tmp_path):
     assert one_hot == pytest.approx(acc_a)
     assert client.evaluate_mixture([a, b], [0.0, 1.0], config)[2][P.ACCURACY] == pytest.approx(acc_b)
     # a real mixture: the weighted average of the two models' probabilities, argmax
-    from fedcluster_app.models import build_model, set_weights
-    from fedcluster_app.training import predict_proba
+    from fedcluster_app.core.models import build_model, set_weights
+    from fedcluster_app.core.training import predict_proba
 
     nets = []
     for w in (a, b):
@@ -317,7 +317,7 @@ def test_fedrc_separates_concepts_where_fedavg_cannot(tmp_path):
 
 def test_normal_init_is_the_calibrated_recipe():
     """init = "normal": weights N(0, 1/fan_in), biases 0 (spec 8.1); distinct seeds differ."""
-    from fedcluster_app.models import ModelSpec, initial_weights
+    from fedcluster_app.core.models import ModelSpec, initial_weights
 
     spec = ModelSpec("mlp", (20,), 10, 32, "normal")
     w1, b1, w2, b2 = initial_weights(spec, 0)

@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from fedcluster_app import protocol as P
+from fedcluster_app.core import wire as P
 from fedcluster_app.client_app import app as client_app
-from fedcluster_app.clients import fielding as fcl
-from fedcluster_app.clients.stream_client import StreamClient
-from fedcluster_app.config import ConfigError, default_run_config, merge_overrides
-from fedcluster_app.datasets import build_scenario, scenario_names
+from fedcluster_app.families.fielding import client as fcl
+from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.config import ConfigError, default_run_config, merge_overrides
+from fedcluster_app.core.data import build_scenario, scenario_names
 from fedcluster_app.engine import InProcessGrid, run_inprocess
-from fedcluster_app.experiment import load_experiment
-from fedcluster_app.results import load_run
-from fedcluster_app.strategies import STRATEGIES
-from fedcluster_app.strategies import fielding_core as core
-from fedcluster_app.strategies.fielding import Fielding, split_budget
+from fedcluster_app.core.experiment import load_experiment
+from fedcluster_app.core.results import load_run
+from fedcluster_app.api import STRATEGIES
+from fedcluster_app.families.fielding import clustering as core
+from fedcluster_app.families.fielding.fielding import Fielding, split_budget
 
 # labels-small-large with one round per time step: 12 rounds, small drift at step 5, large at 9
 SL = {

@@ -9,7 +9,7 @@ import pytest
 from scipy.spatial.distance import jensenshannon
 from sklearn.metrics import adjusted_rand_score, silhouette_score
 
-from fedcluster_app.strategies import fielding_core as core
+from fedcluster_app.families.fielding import clustering as core
 
 
 def _groups(rng, n_per=10, d=10, groups=((0, 1, 2, 3), (4, 5, 6), (7, 8, 9))):

@@ -10,29 +10,17 @@ import numpy as np
 import pytest
 
 from fedcluster_app.client_app import app as client_app
-from fedcluster_app.config import ConfigError, default_run_config, merge_overrides
-from fedcluster_app.datasets import build_scenario
-from fedcluster_app.datasets.flexcfl import ShiftSpec, synthetic_users
+from fedcluster_app.core.config import ConfigError, default_run_config, merge_overrides
+from fedcluster_app.core.data import build_scenario
+from fedcluster_app.families.flexcfl.scenarios import ShiftSpec, synthetic_users
 from fedcluster_app.engine import InProcessGrid, run_inprocess
-from fedcluster_app.experiment import load_experiment
-from fedcluster_app.results import load_run
-from fedcluster_app.strategies.base import read_checkpoint
-from fedcluster_app import protocol as P
-from fedcluster_app.strategies import flexcfl as flexcfl_module
-from fedcluster_app.strategies.flexcfl import (
-    FlexCFL,
-    cosine_matrix,
-    edc_embedding,
-    edc_kmeans,
-    flatten,
-    inter_group_aggregate,
-    madc_cluster,
-    madc_matrix,
-    nearest_model,
-    rac_group,
-    shift_distance,
-)
-from fedcluster_app.strategies.registry import build_strategy
+from fedcluster_app.core.experiment import load_experiment
+from fedcluster_app.core.results import load_run
+from fedcluster_app.core.strategy import read_checkpoint
+from fedcluster_app.core import wire as P
+from fedcluster_app.families.flexcfl import flexcfl as flexcfl_module
+from fedcluster_app.families.flexcfl.flexcfl import (FlexCFL, cosine_matrix, edc_embedding, edc_kmeans, flatten, inter_group_aggregate, madc_cluster, madc_matrix, nearest_model, rac_group, shift_distance)
+from fedcluster_app.api import build_strategy
 from test_bad_input import CountingApp          # tests/ is on sys.path (pytest's rootdir mode)
 from test_checkpoint import CrashingGrid
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster_app.datasets import StepData, build_scenario, load_image_dataset
+from fedcluster_app.core.data import StepData, build_scenario, load_image_dataset
 
 N_TRAIN, N_TEST = 30, 12
 
@@ -172,8 +172,8 @@ def test_scenario_with_missing_data_dir(tmp_path):
 
 def test_server_side_experiment_needs_no_data_files(tmp_path):
     """In a deployment the devices hold the images; the server builds only the metadata."""
-    from fedcluster_app.config import default_run_config, merge_overrides
-    from fedcluster_app.experiment import load_experiment
+    from fedcluster_app.core.config import default_run_config, merge_overrides
+    from fedcluster_app.core.experiment import load_experiment
 
     rc = merge_overrides(default_run_config(), {"scenario": "mnist-swap", "data-dir": ""})
     with pytest.raises(ValueError, match="data-dir"):

@@ -1,4 +1,4 @@
-"""Tests of fedcluster_app.results: the results contract (metrics.jsonl, summary.json, plot.png)."""
+"""Tests of fedcluster_app.core.results: the results contract (metrics.jsonl, summary.json, plot.png)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from fedcluster_app import results
-from fedcluster_app.results import (
-    RunRecorder,
-    compare_runs,
-    format_round_line,
-    load_run,
-    plot_run,
-)
+from fedcluster_app.core import results
+from fedcluster_app.core.results import (RunRecorder, compare_runs, format_round_line, load_run, plot_run)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CONFIG = {"strategy": "ifca", "rounds-per-step": 2, "lr": 0.01}
@@ -496,7 +490,7 @@ def test_plot_title_and_drift_lines(tmp_path, monkeypatch):
 def test_module_import_is_light():
     # matplotlib is only imported by the plotting functions
     code = (
-        "import sys, fedcluster_app.results; "
+        "import sys, fedcluster_app.core.results; "
         "sys.exit(1 if any(m.startswith('matplotlib') for m in sys.modules) else 0)"
     )
     import subprocess
@@ -645,7 +639,7 @@ def test_format_round_line_missing_parts_and_extras():
 
 
 def test_long_runs_get_a_progress_bar_on_their_round_lines():
-    from fedcluster_app.results import format_round_line
+    from fedcluster_app.core.results import format_round_line
 
     line = format_round_line({"round": 25, "time_step": 3, "accuracy": 0.5, "num_clusters": 2}, 100)
     assert line.endswith("|#####---------------|  25%")

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster_app.results import load_run
-from fedcluster_app.strategies.base import read_checkpoint
+from fedcluster_app.core.results import load_run
+from fedcluster_app.core.strategy import read_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

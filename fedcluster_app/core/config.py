@@ -1,0 +1,246 @@
+"""Run configuration: the flat ``run_config`` dict Flower hands both apps, typed and validated.
+
+The defaults live in one place, ``[tool.flwr.app.config]`` of ``pyproject.toml``; this module
+reads them from there (for the in-process engine and the CLI, which do not go through
+``flwr run``) and checks every value before the first round, so a bad hyper-parameter fails
+with a message that names the key instead of somewhere inside round 7.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedcluster_app.core.project_files import project_file
+
+ConfigValue = bool | int | float | str
+
+
+class ConfigError(ValueError):
+    """A run-config value is invalid; the message names the key."""
+
+
+def default_run_config() -> dict[str, ConfigValue]:
+    """The run-config keys and defaults declared in ``pyproject.toml``."""
+    with project_file("pyproject.toml").open("rb") as fh:
+        data = tomllib.load(fh)
+    return _flatten(data["tool"]["flwr"]["app"]["config"])
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, ConfigValue]:
+    out: dict[str, ConfigValue] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def parse_assignment(text: str) -> tuple[str, ConfigValue]:
+    """Parse ``key=value`` from the command line (TOML value syntax, bare strings allowed)."""
+    if "=" not in text:
+        raise ConfigError(f"expected key=value, got {text!r}")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word such as  strategy=ifca
+    return key, value
+
+
+def merge_overrides(
+    base: dict[str, ConfigValue], overrides: dict[str, ConfigValue]
+) -> dict[str, ConfigValue]:
+    """Overrides may only set keys that exist, and keep the declared type (as ``flwr run``)."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if key not in base:
+            raise ConfigError(
+                f"unknown run-config key {key!r}; valid keys: {', '.join(sorted(base))}"
+            )
+        merged[key] = _coerce(key, value, base[key])
+    return merged
+
+
+def _coerce(key: str, value: ConfigValue, default: ConfigValue) -> ConfigValue:
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "1", "yes"):
+            return True
+        if str(value).lower() in ("false", "0", "no"):
+            return False
+    elif isinstance(default, int) and not isinstance(value, bool):
+        if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+            return int(value)
+    elif isinstance(default, float) and not isinstance(value, bool):
+        if isinstance(value, (int, float)):
+            return float(value)
+    elif isinstance(default, str):
+        return str(value)
+    raise ConfigError(f"{key} must be of type {type(default).__name__}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How a client trains a model locally in one round (sent to clients in every message)."""
+
+    optimizer: str = "adam"
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    local_steps: int = 20
+    local_epochs: int = 1
+    batch_size: int = 50
+    drop_last: bool = False
+    prox_mu: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs, validated. Field names are the run-config keys with ``_``."""
+
+    strategy: str
+    scenario: str
+    seed: int
+    data_seed: int
+    out_dir: str
+    rounds_per_step: int
+    num_steps: int
+    num_clients: int
+    samples_per_step: int
+    test_samples: int
+    window: int
+    schedule: str
+    drift_pattern: str
+    drift_step: int
+    dirichlet_alpha: float
+    data_dir: str
+    model: str
+    hidden: int
+    init: str
+    train: TrainConfig
+    fraction_train: float
+    fraction_evaluate: float
+    eval_every: int
+    num_clusters: int
+    min_nodes: int
+    node_wait_s: float
+    round_timeout: float
+    checkpoint_every: int
+    resume_from: str
+    plot: bool
+    progress: bool
+    raw: dict[str, ConfigValue] = field(default_factory=dict, compare=False)
+
+    @property
+    def effective_data_seed(self) -> int:
+        return self.seed if self.data_seed < 0 else self.data_seed
+
+    def scenario_kwargs(self) -> dict[str, Any]:
+        """Arguments of ``datasets.build_scenario`` taken from this config."""
+        return dict(
+            seed=self.effective_data_seed,
+            num_clients=self.num_clients,
+            num_steps=self.num_steps,
+            samples_per_step=self.samples_per_step,
+            test_samples=self.test_samples,
+            schedule=self.schedule,
+            drift_pattern=self.drift_pattern,
+            drift_step=self.drift_step,
+            dirichlet_alpha=self.dirichlet_alpha,
+            data_dir=self.data_dir,
+        )
+
+
+_TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def parse_run_config(run_config: dict[str, ConfigValue]) -> RunConfig:
+    """Type and validate a flat run config (defaults filled in from pyproject.toml)."""
+    values = merge_overrides(default_run_config(), dict(run_config)) if _needs_defaults(
+        run_config
+    ) else dict(run_config)
+    kwargs: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+    known = {f.name for f in dataclasses.fields(RunConfig)}
+    for key, value in values.items():
+        name = key.replace("-", "_").replace(".", "_")
+        if name in _TRAIN_KEYS:
+            train[name] = value
+        elif name in known:
+            kwargs[name] = value
+        # keys of strategies added later live in ``raw`` only
+    kwargs["train"] = TrainConfig(**train)
+    cfg = RunConfig(**kwargs, raw=values)
+    validate(cfg)
+    return cfg
+
+
+def _needs_defaults(run_config: dict[str, ConfigValue]) -> bool:
+    # ``flwr run`` already merged the defaults; the Python API passes {} or a partial dict.
+    return not set(default_run_config()).issubset(run_config)
+
+
+def validate(cfg: RunConfig) -> None:
+    """Raise ConfigError naming the first invalid key."""
+    t = cfg.train
+    checks: list[tuple[bool, str]] = [
+        (cfg.rounds_per_step >= 1, f"rounds-per-step must be >= 1, got {cfg.rounds_per_step}"),
+        (cfg.num_steps >= 0, f"num-steps must be >= 0 (0 = scenario default), got {cfg.num_steps}"),
+        (cfg.num_clients >= 0, f"num-clients must be >= 0 (0 = scenario default), got {cfg.num_clients}"),
+        (cfg.samples_per_step >= 0, f"samples-per-step must be >= 0, got {cfg.samples_per_step}"),
+        (cfg.test_samples >= 0, f"test-samples must be >= 0, got {cfg.test_samples}"),
+        (cfg.window >= 1, f"window must be >= 1 step, got {cfg.window}"),
+        (cfg.hidden >= 0, f"hidden must be >= 0, got {cfg.hidden}"),
+        (cfg.model in ("", "mlp", "cnn"), f"model must be '', 'mlp' or 'cnn', got {cfg.model!r}"),
+        (cfg.init in ("torch", "normal"), f"init must be 'torch' or 'normal', got {cfg.init!r}"),
+        (t.optimizer in ("adam", "sgd"), f"optimizer must be 'adam' or 'sgd', got {t.optimizer!r}"),
+        (_positive(t.lr), f"lr must be a positive finite number, got {t.lr}"),
+        (0.0 <= t.momentum < 1.0, f"momentum must be in [0, 1), got {t.momentum}"),
+        (t.weight_decay >= 0.0, f"weight-decay must be >= 0, got {t.weight_decay}"),
+        (t.local_steps >= 0, f"local-steps must be >= 0, got {t.local_steps}"),
+        (t.local_steps > 0 or t.local_epochs >= 1,
+         f"local-epochs must be >= 1 when local-steps = 0, got {t.local_epochs}"),
+        (t.batch_size >= 1, f"batch-size must be >= 1, got {t.batch_size}"),
+        (t.prox_mu >= 0.0, f"prox-mu must be >= 0, got {t.prox_mu}"),
+        (0.0 < cfg.fraction_train <= 1.0, f"fraction-train must be in (0, 1], got {cfg.fraction_train}"),
+        (0.0 < cfg.fraction_evaluate <= 1.0,
+         f"fraction-evaluate must be in (0, 1], got {cfg.fraction_evaluate}"),
+        (cfg.eval_every >= 1, f"eval-every must be >= 1, got {cfg.eval_every}"),
+        (cfg.num_clusters >= 1, f"num-clusters (K) must be >= 1, got {cfg.num_clusters}"),
+        (cfg.min_nodes >= 0, f"min-nodes must be >= 0, got {cfg.min_nodes}"),
+        (cfg.node_wait_s >= 0, f"node-wait-s must be >= 0, got {cfg.node_wait_s}"),
+        (_positive(cfg.round_timeout), f"round-timeout must be > 0, got {cfg.round_timeout}"),
+        (cfg.checkpoint_every >= 0, f"checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    if cfg.schedule and not Path(cfg.schedule).is_file():
+        from fedcluster_app.core.data.schedules import bundled_schedule_names
+
+        if cfg.schedule not in bundled_schedule_names():
+            raise ConfigError(
+                f"schedule file not found: {cfg.schedule} (or name a bundled FedDrift "
+                f"schedule: {', '.join(bundled_schedule_names())})"
+            )
+
+
+def _positive(x: float) -> bool:
+    return math.isfinite(x) and x > 0
+
+
+def section(raw: dict[str, ConfigValue], prefix: str) -> dict[str, ConfigValue]:
+    """The keys of one algorithm's table, e.g. ``[tool.flwr.app.config.feddrift]`` -> ``delta``.
+
+    Flower flattens nested tables to ``feddrift.delta``; strategies read their own table with
+    this and validate it in their constructor, so a bad value fails before the first round.
+    """
+    head = f"{prefix}."
+    return {k[len(head):]: v for k, v in raw.items() if k.startswith(head)}

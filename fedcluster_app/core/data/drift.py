@@ -1,0 +1,243 @@
+"""Concept realisations: how a concept id turns into data.
+
+Two kinds of datasets:
+
+* **tabular** (SINE, CIRCLE, SEA): a concept *is* a decision rule (``generators.SineConcept``,
+  ``CircleConcept``, ``SeaConcept``); :class:`TabularRealisation` samples it.
+* **class-based** (Gaussian mixture, image pools): a sample is drawn as "pick a class from the
+  client's class prior, then an input of that class", and a :class:`ClassConcept` modifies that
+  draw. :class:`ClassRealisation` does it. A :class:`ClassConcept` combines any of
+
+  - *label shift*: ``prior_weights`` multiply the client's own class prior (a Dirichlet draw, or
+    uniform), which is then renormalised. Zeros restrict the classes that occur (FedDrift's
+    MNIST-L), a skewed vector concentrates the prior;
+  - *feature shift*: ``angle`` rotates images (``scipy.ndimage.rotate``, ``reshape=False``);
+    ``noise_std`` adds Gaussian noise ``N(0, noise_std^2)`` to every input value (images are
+    clipped back to ``[0, 1]``, mixture inputs are not);
+  - *concept shift*: ``perm`` relabels, ``y -> perm[y]`` (label swaps, permutations). The
+    class prior and the inputs refer to the *true* class; only the reported label changes.
+
+Train and test data of a (client, step) come from the same concept and the same client prior;
+pool datasets draw test inputs from a held-out test pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from fedcluster_app.core.data.generators import ImagePool
+
+__all__ = [
+    "FEDCCFA_SWAP_PAIRS",
+    "ClassConcept",
+    "ClassRealisation",
+    "ImageSource",
+    "MixtureSource",
+    "TabularRealisation",
+    "client_prior",
+    "cyclic_permutation",
+    "fedccfa_group",
+    "interpolate",
+    "swap_permutation",
+]
+
+#: FedCCFA's label-swap pairs of groups G1, G2, G3 (fedccfa.md 1.2).
+FEDCCFA_SWAP_PAIRS = ((1, 2), (3, 4), (5, 6))
+
+
+def fedccfa_group(client: int) -> int:
+    """FedCCFA's swap group of a client: 0 (G1) if ``client % 10`` in {0,1,2}, 1 (G2) if in
+    {3,4,5}, 2 (G3) if in {6,7,8,9}."""
+    r = client % 10
+    return 0 if r < 3 else (1 if r < 6 else 2)
+
+
+def swap_permutation(num_classes: int, a: int, b: int) -> tuple[int, ...]:
+    """The permutation that exchanges classes ``a`` and ``b`` (an involution)."""
+    perm = list(range(num_classes))
+    perm[a], perm[b] = perm[b], perm[a]
+    return tuple(perm)
+
+
+def cyclic_permutation(num_classes: int, shift: int = 1) -> tuple[int, ...]:
+    """``y -> (y + shift) % num_classes``: every class relabelled (a derangement for shift != 0)."""
+    return tuple((c + shift) % num_classes for c in range(num_classes))
+
+
+@dataclass(frozen=True)
+class ClassConcept:
+    """One concept of a class-based dataset (see the module docstring). Defaults = no change."""
+
+    name: str = "original"
+    perm: tuple[int, ...] | None = None
+    angle: float = 0.0
+    noise_std: float = 0.0
+    prior_weights: tuple[float, ...] | None = None
+
+    def interpolate(self, other: object, frac: float) -> ClassConcept | None:
+        """The concept a fraction ``frac`` of the way to ``other``: angle, noise and prior weights
+        move linearly. ``None`` where that is meaningless (the label mappings differ)."""
+        if not isinstance(other, ClassConcept) or self.perm != other.perm:
+            return None
+        if (self.angle, self.noise_std, self.prior_weights) == (
+                other.angle, other.noise_std, other.prior_weights):
+            return None
+        weights = None
+        if self.prior_weights is not None or other.prior_weights is not None:
+            n = len(self.prior_weights or other.prior_weights or ())
+            a = np.asarray(self.prior_weights if self.prior_weights is not None else [1.0] * n)
+            b = np.asarray(other.prior_weights if other.prior_weights is not None else [1.0] * n)
+            weights = tuple(float(v) for v in a + frac * (b - a))
+        return ClassConcept(
+            name=f"{self.name}->{other.name}@{frac:.2f}",
+            perm=self.perm,
+            angle=float(self.angle + frac * (other.angle - self.angle)),
+            noise_std=float(self.noise_std + frac * (other.noise_std - self.noise_std)),
+            prior_weights=weights,
+        )
+
+
+def interpolate(a: object, b: object, frac: float) -> object | None:
+    """Intermediate concept between ``a`` and ``b`` (any concept type), or ``None``."""
+    fn = getattr(a, "interpolate", None)
+    return fn(b, frac) if fn is not None else None
+
+
+def client_prior(num_classes: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
+    """A client's class prior: ``Dirichlet(alpha * 1)``, or uniform for ``alpha = inf``."""
+    if np.isinf(alpha):
+        return np.full(num_classes, 1.0 / num_classes)
+    p = rng.dirichlet(np.full(num_classes, float(alpha)))
+    if not np.all(np.isfinite(p)) or p.sum() <= 0:  # tiny alpha can underflow
+        p = np.zeros(num_classes)
+        p[rng.integers(num_classes)] = 1.0
+    return p / p.sum()
+
+
+# --------------------------------------------------------------------------------- realisers
+
+
+class Realisation(Protocol):
+    num_classes: int
+    input_shape: tuple[int, ...]
+    concepts: Sequence[object]
+
+    def sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
+               train: bool) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class TabularRealisation:
+    """Samples tabular concepts (objects with ``sample(n, rng)`` and ``dim``)."""
+
+    def __init__(self, concepts: Sequence[object]) -> None:
+        self.concepts = list(concepts)
+        self.num_classes = 2
+        self.input_shape = (int(self.concepts[0].dim),)  # type: ignore[attr-defined]
+
+    def sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
+               train: bool) -> tuple[np.ndarray, np.ndarray]:
+        return self.concepts[concept].sample(n, rng)  # type: ignore[attr-defined]
+
+
+class MixtureSource:
+    """Inputs of a Gaussian class mixture: ``x = means[y] + N(0, I)`` (train and test alike)."""
+
+    def __init__(self, means: np.ndarray) -> None:
+        self.means = np.asarray(means, dtype=np.float64)
+        self.num_classes = int(self.means.shape[0])
+        self.input_shape = (int(self.means.shape[1]),)
+        self.is_image = False
+
+    def present(self, train: bool) -> np.ndarray:
+        return np.ones(self.num_classes, dtype=bool)
+
+    def draw(self, classes: np.ndarray, rng: np.random.Generator, *, train: bool,
+             angle: float) -> np.ndarray:
+        if angle:
+            raise ValueError("rotation needs image inputs; a Gaussian mixture has none")
+        z = rng.standard_normal((len(classes), self.means.shape[1]))
+        return (self.means[classes] + z).astype(np.float32)
+
+
+class ImageSource:
+    """Inputs drawn with replacement from a train pool and a held-out test pool."""
+
+    def __init__(self, train_pool: ImagePool, test_pool: ImagePool) -> None:
+        if train_pool.shape != test_pool.shape:
+            raise ValueError(f"train/test pools differ in shape: {train_pool.shape} vs "
+                             f"{test_pool.shape}")
+        self.train_pool = train_pool
+        self.test_pool = test_pool
+        self.num_classes = train_pool.num_classes
+        self.input_shape = train_pool.shape
+        self.is_image = True
+
+    def present(self, train: bool) -> np.ndarray:
+        return (self.train_pool if train else self.test_pool).present
+
+    def draw(self, classes: np.ndarray, rng: np.random.Generator, *, train: bool,
+             angle: float) -> np.ndarray:
+        pool = self.train_pool if train else self.test_pool
+        return pool.get(pool.draw_indices(classes, rng), angle)
+
+
+class ClassRealisation:
+    """Samples :class:`ClassConcept` concepts on top of a mixture or image source, with a
+    per-client class prior (``priors[client]``)."""
+
+    def __init__(self, source: MixtureSource | ImageSource, concepts: Sequence[ClassConcept],
+                 priors: np.ndarray) -> None:
+        self.source = source
+        self.concepts = list(concepts)
+        self.num_classes = source.num_classes
+        self.input_shape = source.input_shape
+        self.priors = np.asarray(priors, dtype=np.float64)
+        for c in self.concepts:
+            if c.perm is not None and sorted(c.perm) != list(range(self.num_classes)):
+                raise ValueError(f"concept {c.name!r}: {c.perm} is not a permutation of "
+                                 f"0..{self.num_classes - 1}")
+            if c.prior_weights is not None and len(c.prior_weights) != self.num_classes:
+                raise ValueError(f"concept {c.name!r}: needs {self.num_classes} prior weights")
+
+    def class_prior(self, concept: int, client: int, train: bool = True) -> np.ndarray:
+        """The prior over *true* classes of ``client`` under ``concept`` (classes missing from the
+        pool get zero mass)."""
+        c = self.concepts[concept]
+        present = self.source.present(train)
+        base = self.priors[client] * present
+        w = np.ones(self.num_classes) if c.prior_weights is None else np.asarray(c.prior_weights)
+        p = base * w
+        if p.sum() <= 0:  # the client's prior has no mass where the concept puts it
+            p = w * present
+        if p.sum() <= 0:
+            p = present.astype(np.float64)
+        if p.sum() <= 0:
+            raise ValueError("the data pool holds no images at all")
+        return p / p.sum()
+
+    def sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
+               train: bool) -> tuple[np.ndarray, np.ndarray]:
+        y_true = self.draw_labels(concept, n, rng, client=client, train=train)
+        return self.realise(concept, y_true, rng, train=train)
+
+    def draw_labels(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
+                    train: bool) -> np.ndarray:
+        """The true classes of ``n`` samples (subclasses change how labels are drawn)."""
+        p = self.class_prior(concept, client, train)
+        return rng.choice(self.num_classes, size=n, p=p).astype(np.int64)
+
+    def realise(self, concept: int, y_true: np.ndarray, rng: np.random.Generator, *,
+                train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs for the true classes, with the concept's rotation, noise and label map."""
+        c = self.concepts[concept]
+        x = self.source.draw(y_true, rng, train=train, angle=c.angle)
+        if c.noise_std > 0:
+            x = x + rng.normal(0.0, c.noise_std, size=x.shape).astype(np.float32)
+            if self.source.is_image:
+                np.clip(x, 0.0, 1.0, out=x)
+        y = y_true if c.perm is None else np.asarray(c.perm, dtype=np.int64)[y_true]
+        return np.ascontiguousarray(x, dtype=np.float32), y.astype(np.int64)

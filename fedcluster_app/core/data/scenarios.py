@@ -1,0 +1,693 @@
+"""Named data-and-drift scenarios.
+
+A :class:`Scenario` fixes, for every client ``k`` and time step ``t`` (1-based), the ground-truth
+concept ``concept(k, t)`` and regenerates that (client, step)'s data on demand. Nothing is stored:
+the training sample of (k, t) is drawn from ``np.random.default_rng([data_seed, k, t, 0])`` and
+the test sample from ``np.random.default_rng([data_seed, k, t, 1])`` (per-client constants such
+as the class prior use ``[data_seed, k, 0, 2]``), so any process rebuilds identical data from the
+scenario arguments alone. Train and test of a step follow the same concept.
+
+Scenario families and what the drift patterns mean for each
+------------------------------------------------------------
+
+``drift_pattern`` (``build_scenario(drift_pattern=...)``) replaces a scenario's own schedule with a
+programmatic one; ``d`` is ``drift_step``. "Drifting clients" and their "target" concept depend
+on the family:
+
+=================  ======================================  ==================  ================
+family             concepts (id: meaning)                  drifting clients    target concept
+=================  ======================================  ==================  ================
+sine2              0: A, 1: B (= A with labels flipped)    first half          1
+circle2            0: A, 1: B (circles of feddrift.md 3.2) first half          1
+sea2 / sea4        thresholds 0: 9, 1: 8 (/ 2: 7, 3: 9.5)  first half          1 / 1 + k % 3
+mixture-swap       0: original, 1: labels y -> (y+1) % C   first half          1
+mixture-prior      0: client prior, 1: 90% of the mass on  first half          1
+                   the first half of the classes
+*-static, *-swap   0: original, 1: swap 1<->2, 2: swap     all (FedCCFA        group + 1
+                   3<->4, 3: swap 5<->6 (FedCCFA groups)   groups, k % 10)
+*-rotate           0: upright, 1: rotated by 90 degrees    even k              1
+*-noise            0: clean, 1: + N(0, 0.5^2), clipped     even k              1
+=================  ======================================  ==================  ================
+
+("first half" = clients ``0 .. max(1, P // 2) - 1``.)
+
+* ``none``: every client stays on concept 0 (no drift).
+* ``sudden``: drifting clients move to their target at step ``d`` and stay.
+* ``recurring``: drifting clients move to their target at ``d`` and then alternate between
+  concept 0 and the target every ``max(1, (T - d + 1) // 2)`` steps (with the defaults: one
+  switch and one return, like FedCCFA's "reoccurring" swap at round 100 and revert at 150).
+* ``staggered``: FedDrift's MNIST-R: all clients on 0 before ``d``; at ``d`` and every 2 steps
+  after, each client draws one of the family's base concepts uniformly and keeps it.
+* ``incremental``: drifting clients reach their target through intermediate concepts, one per
+  step from ``d`` on, where the realisation allows it: CIRCLE (centre and radius move), SEA
+  (threshold moves), rotation (angles 30, 60, then 90 degrees), noise (std 1/6, 1/3, then 1/2),
+  mixture-prior (weights move); two intermediates at fractions 1/3 and 2/3, appended as new
+  concept ids after the base concepts. Label swaps have no intermediate, so, as in FedCCFA, the
+  swap groups drift one after another: G1 at ``d``, G2 at ``d + 1``, G3 at ``d + 2``. SINE (a
+  label flip) and mixture-swap (one permutation) have neither, so ``incremental`` = ``sudden``.
+
+``schedule`` replaces the schedule with a ``.cp`` file (or a bundled FedDrift schedule by name,
+``"Y"``, ``"F"``, ...); its concept ids must be base concepts of the family.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from fedcluster_app.core.data import schedules as sch
+from fedcluster_app.core.data.drift import (FEDCCFA_SWAP_PAIRS, ClassConcept, ClassRealisation, ImageSource, MixtureSource, TabularRealisation, client_prior, cyclic_permutation, fedccfa_group, interpolate, swap_permutation)
+from fedcluster_app.core.data.generators import (CIRCLE_CONCEPTS, SEA_THRESHOLDS, SINE_CONCEPTS, SeaConcept, digits_pools, mixture_means, torchvision_pools)
+
+__all__ = [
+    "DRIFT_PATTERNS",
+    "SCENARIO_NAMES",
+    "Scenario",
+    "StepData",
+    "build_scenario",
+    "list_scenarios",
+    "register_scenario",
+    "scenario_names",
+]
+
+# Stream tags of the per-(client, step) generators: default_rng([data_seed, client, step, tag]).
+TAG_TRAIN = 0
+TAG_TEST = 1
+TAG_PRIOR = 2  # per-client constants use step 0
+
+#: Valid ``drift_pattern`` values ("" = the scenario's own schedule).
+DRIFT_PATTERNS = ("none", "sudden", "incremental", "recurring", "staggered")
+# data_dir value for a scenario's metadata without its files (the server of a deployment)
+METADATA_ONLY = "<metadata-only>"
+_PATTERN_ALIASES = {"reoccurring": "recurring", "static": "none"}
+
+# mixture defaults
+MIXTURE_CLASSES = 4
+MIXTURE_DIM = 8
+# image concepts
+ROTATE_ANGLE = 90.0
+NOISE_STD = 0.5
+INCREMENTAL_FRACTIONS = (1.0 / 3.0, 2.0 / 3.0)
+
+
+@dataclass(frozen=True)
+class StepData:
+    """The data of one (client, time step). Arrays are shared with the scenario's cache and
+    read-only: copy before modifying in place."""
+
+    x_train: np.ndarray  # float32, (n_train, *input_shape)
+    y_train: np.ndarray  # int64, (n_train,)
+    x_test: np.ndarray  # float32, (n_test, *input_shape)
+    y_test: np.ndarray  # int64, (n_test,)
+    concept: int  # ground-truth concept id (metrics and the Oracle only)
+
+
+# ----------------------------------------------------------------------------- definitions
+
+
+@dataclass(frozen=True)
+class _Def:
+    name: str
+    description: str
+    data: str  # sine | circle | sea | mixture | digits | mnist | fashion-mnist | cifar10
+    variant: str  # sea: "2"/"4"; mixture: swap/prior; images: static/swap/rotate/noise
+    schedule: str  # a bundled schedule name ("Y", "F") or a drift pattern
+    num_clients: int = 10
+    num_steps: int = 6
+    drift_step: int = 3
+    samples: int = 500
+    test_samples: int = 200
+    alpha: float = math.inf  # default Dirichlet label skew (inf = uniform class prior)
+
+    @property
+    def tabular(self) -> bool:
+        return self.data in ("sine", "circle", "sea")
+
+    @property
+    def needs_data_dir(self) -> bool:
+        return self.data in ("mnist", "fashion-mnist", "cifar10")
+
+
+def _defs() -> dict[str, _Def]:
+    out: list[_Def] = [
+        _Def("sine2", "SINE-2 (FedDrift): y = [x2 <= sin(x1)], concept B flips the labels; "
+             "staggered 2-concept schedule Y", "sine", "", "Y", num_steps=11, drift_step=4),
+        _Def("circle2", "CIRCLE-2 (FedDrift): inside/outside a circle that moves and grows; "
+             "staggered 2-concept schedule Y", "circle", "", "Y", num_steps=11, drift_step=4),
+        _Def("sea2", "SEA-2 (FedDrift): y = [x1 + x2 <= 9 (A) / 8 (B)], 10% label noise; "
+             "schedule Y", "sea", "2", "Y", num_steps=11, drift_step=4),
+        _Def("sea4", "SEA-4 (FedDrift): thresholds 9, 8, 7, 9.5, 10% label noise; 4-concept "
+             "schedule F with recurrence", "sea", "4", "F", num_steps=11, drift_step=4),
+        _Def("mixture-swap", "Gaussian 4-class mixture in 8-d; clients 0-4 get permuted labels "
+             "from step 3 (small, fast)", "mixture", "swap", "sudden", samples=200,
+             test_samples=100),
+        _Def("mixture-prior", "Gaussian 4-class mixture in 8-d; label shift: clients 0-4 put 90% "
+             "of their data on classes 0-1 from step 3", "mixture", "prior", "sudden",
+             samples=200, test_samples=100),
+    ]
+    images = {
+        "digits": ("scikit-learn 8x8 digits", 200, 100),
+        "mnist": ("MNIST (local data-dir)", 500, 200),
+        "fmnist": ("Fashion-MNIST (local data-dir)", 500, 200),
+        "cifar10": ("CIFAR-10 (local data-dir)", 500, 200),
+    }
+    for prefix, (label, n, n_test) in images.items():
+        data = "fashion-mnist" if prefix == "fmnist" else prefix
+        common = dict(samples=n, test_samples=n_test, alpha=1.0)
+        out += [
+            _Def(f"{prefix}-static", f"{label}, Dirichlet(1) label skew, no drift", data,
+                 "static", "none", **common),
+            _Def(f"{prefix}-swap", f"{label}; concept shift: FedCCFA label swaps (1<->2, 3<->4, "
+                 "5<->6 by client group) at step 3", data, "swap", "sudden", **common),
+            _Def(f"{prefix}-rotate", f"{label}; feature shift: even clients see images rotated "
+                 "by 90 degrees from step 3", data, "rotate", "sudden", **common),
+            _Def(f"{prefix}-noise", f"{label}; feature shift: even clients get additive "
+                 "Gaussian noise (std 0.5) from step 3", data, "noise", "sudden", **common),
+        ]
+    return {d.name: d for d in out}
+
+
+_DEFS = _defs()
+SCENARIO_NAMES: tuple[str, ...] = tuple(sorted(_DEFS))
+
+
+# Scenario families defined in other modules (FlexCFL's Synthetic(a,b), FedRC's populations, ...):
+# name -> (description, builder). See register_scenario.
+_EXTRA: dict[str, tuple[str, Callable[..., "Scenario"]]] = {}
+
+
+def register_scenario(name: str, description: str, builder: Callable[..., "Scenario"]) -> None:
+    """Add a named scenario built by ``builder(**kwargs)``.
+
+    ``kwargs`` are :func:`build_scenario`'s keyword arguments as the user gave them (``0`` /
+    ``""`` = "your default"); the builder validates them (ValueError naming the problem) and
+    returns a :class:`Scenario` (or an object with the same interface) whose ``params`` are
+    those kwargs plus ``name``. Results are cached: identical arguments give the same object.
+    """
+    key = name.strip().lower()
+    if key in _DEFS or key in _EXTRA:
+        raise ValueError(f"scenario {name!r} is already defined")
+    _EXTRA[key] = (description, lru_cache(maxsize=32)(builder))
+
+
+def scenario_names() -> tuple[str, ...]:
+    """Every scenario name, the built-in families and the registered ones, sorted."""
+    return tuple(sorted([*_DEFS, *_EXTRA]))
+
+
+def list_scenarios() -> list[tuple[str, str]]:
+    """``(name, one-line description)`` of every named scenario, sorted by name."""
+    return [(n, _DEFS[n].description if n in _DEFS else _EXTRA[n][0]) for n in scenario_names()]
+
+
+# ---------------------------------------------------------------------------------- families
+
+
+@dataclass
+class _Family:
+    concepts: list[object]
+    labels: list[str]
+    drifting: Callable[[int], list[int]]  # num_clients -> drifting clients
+    target: Callable[[int], int]  # client -> target concept
+    sequential_groups: bool = False  # incremental = groups drift one after another
+
+
+def _first_half(p: int) -> list[int]:
+    return list(range(max(1, p // 2)))
+
+
+def _even(p: int) -> list[int]:
+    return list(range(0, p, 2))
+
+
+def _family(d: _Def) -> _Family:
+    if d.data == "sine":
+        return _Family(list(SINE_CONCEPTS), ["A", "B"], _first_half, lambda k: 1)
+    if d.data == "circle":
+        return _Family(list(CIRCLE_CONCEPTS), ["A", "B"], _first_half, lambda k: 1)
+    if d.data == "sea":
+        n = int(d.variant)
+        names = "ABCD"[:n]
+        concepts = [SeaConcept(t, 0.10, name) for t, name in zip(SEA_THRESHOLDS, names)]
+        target = (lambda k: 1) if n == 2 else (lambda k: 1 + k % 3)
+        return _Family(list(concepts), list(names), _first_half, target)
+    if d.data == "mixture":
+        c = MIXTURE_CLASSES
+        if d.variant == "swap":
+            second = ClassConcept("permuted", perm=cyclic_permutation(c, 1))
+        else:
+            half = max(1, c // 2)
+            second = ClassConcept("concentrated",
+                                  prior_weights=tuple([1.0] * half + [1.0 / 9.0] * (c - half)))
+        return _Family([ClassConcept("original"), second], ["original", second.name],
+                       _first_half, lambda k: 1)
+    # image pools
+    if d.variant in ("static", "swap"):
+        concepts = [ClassConcept("original")] + [
+            ClassConcept(f"swap {a}<->{b}", perm=swap_permutation(10, a, b))
+            for a, b in FEDCCFA_SWAP_PAIRS
+        ]
+        return _Family(concepts, [c.name for c in concepts], lambda p: list(range(p)),
+                       lambda k: fedccfa_group(k) + 1, sequential_groups=True)
+    if d.variant == "rotate":
+        concepts = [ClassConcept("upright"), ClassConcept("rotated 90", angle=ROTATE_ANGLE)]
+    elif d.variant == "noise":
+        concepts = [ClassConcept("clean"), ClassConcept("noise 0.5", noise_std=NOISE_STD)]
+    else:  # pragma: no cover - guarded by _defs
+        raise AssertionError(d.variant)
+    return _Family(concepts, [c.name for c in concepts], _even, lambda k: 1)
+
+
+def _programmatic(fam: _Family, pattern: str, p: int, t: int, d: int, seed: int
+                  ) -> tuple[np.ndarray, list[object], list[str]]:
+    concepts, labels = list(fam.concepts), list(fam.labels)
+    m = np.zeros((t, p), dtype=np.int64)
+    clients = fam.drifting(p)
+    by_target: dict[int, list[int]] = {}
+    for k in clients:
+        by_target.setdefault(fam.target(k), []).append(k)
+    if pattern == "none":
+        pass
+    elif pattern == "sudden":
+        for tgt, cols in by_target.items():
+            m[:, cols] = sch.sudden(p, t, d, cols, tgt)[:, cols]
+    elif pattern == "recurring":
+        period = max(1, (t - d + 1) // 2)
+        for tgt, cols in by_target.items():
+            m[:, cols] = sch.recurring(p, t, d, period, cols, (0, tgt))[:, cols]
+    elif pattern == "staggered":
+        m = sch.staggered_random(p, t, len(fam.concepts), seed, first_step=d, every=2)
+    elif pattern == "incremental":
+        for i, tgt in enumerate(sorted(by_target)):
+            cols = by_target[tgt]
+            if fam.sequential_groups:
+                if d + i <= t:
+                    m[:, cols] = sch.sudden(p, t, d + i, cols, tgt)[:, cols]
+                continue
+            mids = [interpolate(concepts[0], concepts[tgt], f) for f in INCREMENTAL_FRACTIONS]
+            path = [tgt]
+            if all(c is not None for c in mids):
+                path = []
+                for f, c in zip(INCREMENTAL_FRACTIONS, mids):
+                    concepts.append(c)
+                    labels.append(f"{labels[0]}->{labels[tgt]} {f:.2f}")
+                    path.append(len(concepts) - 1)
+                path.append(tgt)
+            m[:, cols] = sch.incremental(p, t, d, cols, path)[:, cols]
+    else:  # pragma: no cover - validated earlier
+        raise AssertionError(pattern)
+    return m, concepts, labels
+
+
+def _fit_rows(m: np.ndarray, t: int) -> np.ndarray:
+    """Truncate to ``t`` rows, or extend by repeating the last row (as FedDrift's test step)."""
+    if t <= len(m):
+        return m[:t].copy()
+    return np.concatenate([m, np.repeat(m[-1:], t - len(m), axis=0)], axis=0)
+
+
+def _resolve_schedule_source(schedule: str) -> tuple[str, str]:
+    """("file", abspath) or ("bundled", name)."""
+    s = schedule.strip()
+    p = Path(os.path.expanduser(s))
+    if not p.exists() and os.sep not in s and "/" not in s:
+        key = s[:-3] if s.lower().endswith(".cp") else s
+        if key.upper() in sch.bundled_schedule_names():
+            return "bundled", key.upper()
+    return "file", str(p.resolve()) if p.exists() else str(p.absolute())
+
+
+# ---------------------------------------------------------------------------------- Scenario
+
+
+class Scenario:
+    """One concrete scenario instance; deterministic given its parameters (see module doc).
+
+    Attributes: ``name``, ``description`` (one line), ``num_clients``, ``num_steps`` (steps are
+    1-based), ``num_classes``, ``num_concepts`` (concept ids are ``0..num_concepts-1``; not all
+    need to occur), ``input_shape``, ``model`` ("mlp" or "cnn"), ``hidden`` (default MLP width,
+    0 = unused), plus ``data_seed``, ``samples_per_step``, ``test_samples``, ``drift_pattern``
+    (the resolved schedule source), ``drift_step``, ``dirichlet_alpha``, ``concept_labels`` and
+    ``params`` (the normalised build arguments).
+
+    ``holdout_clients`` are clients that never train (FedRC's non-participating test clients):
+    strategies send them no training, and they measure *global* accuracy. Their ``x_train``
+    split is the labelled adaptation data a new client may use before predicting (choosing a
+    cluster, estimating its cluster weights), their ``x_test`` split the data it is scored on.
+    """
+
+    STEP_CACHE_SIZE = 128
+
+    def __init__(self, *, name: str, description: str, matrix: np.ndarray,
+                 realisation_factory: Callable[[], object], num_classes: int,
+                 input_shape: tuple[int, ...], model: str, hidden: int, data_seed: int,
+                 samples_per_step: int, test_samples: int, drift_pattern: str, drift_step: int,
+                 dirichlet_alpha: float, concept_labels: list[str], params: tuple,
+                 holdout_clients: tuple[int, ...] = ()) -> None:
+        self.name = name
+        self.description = description
+        self._matrix = np.asarray(matrix, dtype=np.int64).copy()
+        self._matrix.setflags(write=False)
+        self.num_steps, self.num_clients = (int(s) for s in self._matrix.shape)
+        self.num_classes = int(num_classes)
+        self.num_concepts = int(self._matrix.max()) + 1
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.model = model
+        self.hidden = int(hidden)
+        self.data_seed = int(data_seed)
+        self.samples_per_step = int(samples_per_step)
+        self.test_samples = int(test_samples)
+        self.drift_pattern = drift_pattern
+        self.drift_step = int(drift_step)
+        self.dirichlet_alpha = float(dirichlet_alpha)
+        self.concept_labels = tuple(concept_labels[: self.num_concepts])
+        self._params = params
+        self.holdout_clients = tuple(sorted(int(c) for c in holdout_clients))
+        if any(not 0 <= c < self.num_clients for c in self.holdout_clients):
+            raise ValueError(f"holdout clients {self.holdout_clients} outside 0..{self.num_clients - 1}")
+        if len(self.holdout_clients) >= self.num_clients:
+            raise ValueError("a scenario needs at least one client that is not held out")
+        self._factory = realisation_factory
+        self._realisation: object | None = None
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[int, int], StepData] = OrderedDict()
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def params(self) -> dict[str, object]:
+        return dict(zip(_PARAM_NAMES, self._params))
+
+    def __repr__(self) -> str:
+        return (f"Scenario({self.name!r}, clients={self.num_clients}, steps={self.num_steps}, "
+                f"concepts={self.num_concepts}, seed={self.data_seed})")
+
+    def __reduce__(self):  # pickles as its build arguments; rebuilt (and cached) on load
+        return (_rebuild, (self._params,))
+
+    # -- ground truth -----------------------------------------------------------------------
+    def _check(self, client: int, step: int) -> tuple[int, int]:
+        try:
+            client, step = operator.index(client), operator.index(step)
+        except TypeError:
+            raise ValueError(f"client and step must be integers, got {client!r}, {step!r}"
+                             ) from None
+        if not 0 <= client < self.num_clients:
+            raise ValueError(f"client {client} out of range 0..{self.num_clients - 1} "
+                             f"(scenario {self.name})")
+        if not 1 <= step <= self.num_steps:
+            raise ValueError(f"step {step} out of range 1..{self.num_steps} (time steps are "
+                             f"1-based; scenario {self.name})")
+        return client, step
+
+    def concept(self, client: int, step: int) -> int:
+        """Ground-truth concept id of ``client`` at time step ``step`` (1-based)."""
+        client, step = self._check(client, step)
+        return int(self._matrix[step - 1, client])
+
+    def concept_matrix(self) -> np.ndarray:
+        """Copy of the ``(num_steps, num_clients)`` concept matrix (row ``t-1`` = step ``t``)."""
+        return self._matrix.copy()
+
+    def drift_events(self) -> list[tuple[int, int, int, int]]:
+        """``(step, client, old_concept, new_concept)`` for every step > 1 where the concept of a
+        client changes, ordered by step then client."""
+        m = self._matrix
+        events = []
+        for t in range(2, self.num_steps + 1):
+            for k in np.flatnonzero(m[t - 1] != m[t - 2]):
+                events.append((t, int(k), int(m[t - 2, k]), int(m[t - 1, k])))
+        return events
+
+    # -- data -------------------------------------------------------------------------------
+    @property
+    def realisation(self):
+        """The concept realiser (built on first use: image pools load lazily)."""
+        if self._realisation is None:
+            with self._lock:
+                if self._realisation is None:
+                    self._realisation = self._factory()
+        return self._realisation
+
+    def _generate(self, client: int, step: int) -> StepData:
+        concept = int(self._matrix[step - 1, client])
+        real = self.realisation
+        rng = np.random.default_rng([self.data_seed, client, step, TAG_TRAIN])
+        x_tr, y_tr = real.sample(concept, self.samples_per_step, rng, client=client, train=True)
+        rng = np.random.default_rng([self.data_seed, client, step, TAG_TEST])
+        x_te, y_te = real.sample(concept, self.test_samples, rng, client=client, train=False)
+        arrays = []
+        for a, dt in ((x_tr, np.float32), (y_tr, np.int64), (x_te, np.float32), (y_te, np.int64)):
+            a = np.ascontiguousarray(a, dtype=dt)
+            a.setflags(write=False)
+            arrays.append(a)
+        return StepData(*arrays, concept=concept)
+
+    def step_data(self, client: int, step: int) -> StepData:
+        """Train and test data of ``client`` at ``step``: deterministic, cached (bounded LRU)."""
+        client, step = self._check(client, step)
+        key = (client, step)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
+        data = self._generate(client, step)
+        with self._lock:
+            self._cache[key] = data
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.STEP_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return data
+
+    def window(self, client: int, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Training data of steps ``max(1, step - size + 1) .. step``, concatenated ``(x, y)``."""
+        client, step = self._check(client, step)
+        size = operator.index(size)
+        if size < 1:
+            raise ValueError(f"window size must be >= 1, got {size}")
+        parts = [self.step_data(client, t) for t in range(max(1, step - size + 1), step + 1)]
+        return (np.concatenate([p.x_train for p in parts], axis=0),
+                np.concatenate([p.y_train for p in parts], axis=0))
+
+
+# ----------------------------------------------------------------------------------- builder
+
+_PARAM_NAMES = ("name", "seed", "num_clients", "num_steps", "samples_per_step", "test_samples",
+                "schedule", "drift_pattern", "drift_step", "dirichlet_alpha", "data_dir")
+
+
+def _rebuild(params: tuple) -> Scenario:
+    if params[0] in _EXTRA:
+        return build_scenario(**dict(zip(_PARAM_NAMES, params)))
+    return _build_cached(*params)
+
+
+def _nonneg_int(key: str, value: object) -> int:
+    if isinstance(value, float) and value.is_integer():  # e.g. 10.0 from a loose config
+        value = int(value)
+    try:
+        v = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{key} must be an integer, got {value!r}") from None
+    if v < 0:
+        raise ValueError(f"{key} must be >= 0 (0 = the scenario's default), got {v}")
+    return v
+
+
+def dirichlet_alpha_arg(value: object) -> float:
+    """The ``dirichlet_alpha`` build argument as a float >= 0 (0 = default, inf = no skew)."""
+    try:
+        alpha = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"dirichlet_alpha must be a number, got {value!r}") from None
+    if math.isnan(alpha) or alpha < 0:
+        raise ValueError(f"dirichlet_alpha must be >= 0 (0 = the scenario's default, inf = no "
+                         f"label skew), got {value!r}")
+    return alpha
+
+
+def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps: int = 0,
+                   samples_per_step: int = 0, test_samples: int = 0, schedule: str = "",
+                   drift_pattern: str = "", drift_step: int = 0, dirichlet_alpha: float = 0.0,
+                   data_dir: str = "") -> Scenario:
+    """Build (or fetch from the cache) the scenario ``name`` (see :func:`list_scenarios`).
+
+    ``0`` / ``""`` means "the scenario's default" for every argument. ``seed`` is the data seed.
+    ``schedule`` is the path of a ``.cp`` concept matrix (or a bundled FedDrift schedule name
+    such as ``"Y"`` / ``"F"``) that replaces the scenario's schedule: ``num_clients`` = its
+    columns, ``num_steps`` = its rows unless given (rows are then cut, or the last row repeated).
+    A bundled default schedule is tiled over clients (client ``k`` uses column ``k % 10``) when
+    ``num_clients`` differs. ``drift_pattern`` replaces the schedule with a programmatic pattern
+    (module docstring); ``drift_step`` is its first drifted step (default: the scenario's, 3 for
+    the 6-step scenarios, 4 for the 11-step ones, capped at ``num_steps``); it also moves the
+    drift of scenarios whose own schedule is programmatic (``mixture-*``, image families) and has
+    no effect on ``.cp`` schedules (``Scenario.drift_step`` then reports their first drift).
+    ``dirichlet_alpha`` sets the per-client Dirichlet class prior of class-based scenarios
+    (``inf`` = uniform; images default to 1.0, mixtures to uniform; tabular scenarios ignore it).
+    ``data_dir`` is the local torchvision directory that ``mnist-*``, ``fmnist-*`` and
+    ``cifar10-*`` need.
+
+    Identical arguments return the same (cached) object.
+
+    Raises:
+        ValueError: unknown name or pattern, negative numbers, bad schedule file, drift_step out
+            of range, missing data_dir for a torchvision scenario.
+        FileNotFoundError: data_dir lacks the dataset's files.
+    """
+    key = str(name).strip().lower()
+    if key in _EXTRA:
+        return _EXTRA[key][1](
+            seed=seed, num_clients=num_clients, num_steps=num_steps,
+            samples_per_step=samples_per_step, test_samples=test_samples, schedule=schedule,
+            drift_pattern=drift_pattern, drift_step=drift_step, dirichlet_alpha=dirichlet_alpha,
+            data_dir=data_dir)
+    if key not in _DEFS:
+        raise ValueError(f"unknown scenario {name!r}; valid names: {', '.join(scenario_names())}")
+    d = _DEFS[key]
+    seed = _nonneg_int("seed", seed)
+    num_clients = _nonneg_int("num_clients", num_clients)
+    num_steps = _nonneg_int("num_steps", num_steps)
+    samples_per_step = _nonneg_int("samples_per_step", samples_per_step)
+    test_samples = _nonneg_int("test_samples", test_samples)
+    drift_step = _nonneg_int("drift_step", drift_step)
+    alpha = dirichlet_alpha_arg(dirichlet_alpha)
+    pattern = str(drift_pattern).strip().lower()
+    pattern = _PATTERN_ALIASES.get(pattern, pattern)
+    if pattern and pattern not in DRIFT_PATTERNS:
+        raise ValueError(f"unknown drift_pattern {drift_pattern!r}; valid: "
+                         f"{', '.join(DRIFT_PATTERNS)} (or \"\" for the scenario's own schedule)")
+    schedule = str(schedule).strip()
+    if schedule and pattern:
+        raise ValueError("give either schedule (a .cp file) or drift_pattern, not both")
+    if schedule:
+        kind, ref = _resolve_schedule_source(schedule)
+        schedule = ref if kind == "file" else f"bundled:{ref}"
+    data_dir = str(data_dir).strip()
+    if d.needs_data_dir and data_dir == METADATA_ONLY:
+        pass  # the server of a deployment: the data live on the devices
+    elif d.needs_data_dir:
+        if not data_dir:
+            raise ValueError(
+                f"scenario {key} reads {d.data} from a local directory: set the run-config key "
+                f"`data-dir` (build_scenario(data_dir=...)) to the root of the torchvision files"
+            )
+        data_dir = os.path.abspath(os.path.expanduser(data_dir))
+    else:
+        data_dir = ""
+    if alpha == 0.0 or d.tabular:
+        alpha = d.alpha if not d.tabular else math.inf
+    return _build_cached(key, seed, num_clients, num_steps, samples_per_step or d.samples,
+                         test_samples or d.test_samples, schedule, pattern, drift_step, alpha,
+                         data_dir)
+
+
+def _load_schedule(ref: str) -> tuple[np.ndarray, str]:
+    if ref.startswith("bundled:"):
+        letter = ref.split(":", 1)[1]
+        return sch.bundled_schedule(letter), f"bundled schedule {letter}"
+    return sch.load_cp(ref), f"schedule file {ref!r}"
+
+
+@lru_cache(maxsize=64)
+def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, samples: int,
+                  test_samples: int, schedule: str, pattern: str, drift_step: int, alpha: float,
+                  data_dir: str) -> Scenario:
+    d = _DEFS[name]
+    params = (name, seed, num_clients, num_steps, samples, test_samples, schedule, pattern,
+              drift_step, alpha, data_dir)
+    fam = _family(d)
+    n_base = len(fam.concepts)
+    description = d.description
+    if schedule:
+        m, what = _load_schedule(schedule)
+        if num_clients and m.shape[1] != num_clients:
+            raise ValueError(f"{what} has {m.shape[1]} columns (clients) but num_clients = "
+                             f"{num_clients} was requested: expected {num_clients} columns, found "
+                             f"{m.shape[1]}")
+        if m.max() >= n_base:
+            t, k = (int(v[0]) for v in np.nonzero(m >= n_base))
+            raise ValueError(f"{what}: concept id {int(m[t, k])} (step {t + 1}, client {k}) but "
+                             f"scenario {name} defines only {n_base} concepts "
+                             f"(ids 0..{n_base - 1})")
+        steps = num_steps or len(m)
+        m = _fit_rows(m, steps)
+        concepts, labels = fam.concepts, fam.labels
+        source = what
+        description += f" [{what}]"
+    else:
+        p = num_clients or d.num_clients
+        t = num_steps or d.num_steps
+        own = pattern or d.schedule
+        if own in DRIFT_PATTERNS:
+            if drift_step and not 1 <= drift_step <= t:
+                raise ValueError(f"drift_step {drift_step} outside 1..{t} (num_steps)")
+            ds = drift_step or min(d.drift_step, t)
+            m, concepts, labels = _programmatic(fam, own, p, t, ds, seed)
+            source = own
+            if pattern:
+                description += f" [drift pattern {own} from step {ds}]"
+            drift_step = ds
+        else:
+            base = sch.bundled_schedule(own)
+            m = _fit_rows(base[:, np.arange(p) % base.shape[1]], t)
+            concepts, labels = fam.concepts, fam.labels
+            source = f"bundled schedule {own}"
+    if drift_step and not 1 <= drift_step <= len(m):
+        raise ValueError(f"drift_step {drift_step} outside 1..{len(m)} (num_steps)")
+    if source not in DRIFT_PATTERNS:  # a .cp schedule: report its first drifted step
+        changed = np.flatnonzero((m[1:] != m[:-1]).any(axis=1))
+        drift_step = int(changed[0]) + 2 if len(changed) else 0
+
+    p = m.shape[1]
+    concepts = list(concepts)
+    if d.tabular:
+        def factory(concepts=concepts):
+            return TabularRealisation(concepts)
+        num_classes, input_shape = 2, (int(concepts[0].dim),)  # type: ignore[attr-defined]
+        model, hidden = "mlp", 2 * input_shape[0]
+    else:
+        num_classes = MIXTURE_CLASSES if d.data == "mixture" else 10
+        priors = np.stack([
+            client_prior(num_classes, alpha, np.random.default_rng([seed, k, 0, TAG_PRIOR]))
+            for k in range(p)
+        ])
+        if d.data == "mixture":
+            input_shape, model, hidden = (MIXTURE_DIM,), "mlp", 32
+
+            def factory(concepts=concepts, priors=priors):
+                means = mixture_means(MIXTURE_CLASSES, MIXTURE_DIM, seed)
+                return ClassRealisation(MixtureSource(means), concepts, priors)
+        elif d.data == "digits":
+            input_shape, model, hidden = (1, 8, 8), "cnn", 0
+
+            def factory(concepts=concepts, priors=priors):
+                return ClassRealisation(ImageSource(*digits_pools(seed)), concepts, priors)
+        else:
+            from fedcluster_app.core.data.loaders import IMAGE_DATASETS, _check_files
+
+            input_shape, model, hidden = IMAGE_DATASETS[d.data][1], "cnn", 0
+            if data_dir != METADATA_ONLY:
+                _check_files(d.data, Path(data_dir))  # fail early; the pools load lazily
+
+            def factory(concepts=concepts, priors=priors):
+                if data_dir == METADATA_ONLY:
+                    raise RuntimeError(f"scenario {name} was built without its data (on the "
+                                       f"server of a deployment); its data live on the clients")
+                return ClassRealisation(ImageSource(*torchvision_pools(d.data, data_dir)),
+                                        concepts, priors)
+    return Scenario(
+        name=name, description=description, matrix=m, realisation_factory=factory,
+        num_classes=num_classes, input_shape=input_shape, model=model, hidden=hidden,
+        data_seed=seed, samples_per_step=samples, test_samples=test_samples,
+        drift_pattern=source, drift_step=drift_step, dirichlet_alpha=alpha,
+        concept_labels=list(labels), params=params,
+    )

@@ -1,0 +1,52 @@
+"""What both apps derive from the run config: the validated config, the scenario and the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from fedcluster_app.core.config import ConfigValue, RunConfig, parse_run_config
+from fedcluster_app.core.data import Scenario, build_scenario
+from fedcluster_app.core.data.scenarios import METADATA_ONLY
+from fedcluster_app.core.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class Experiment:
+    cfg: RunConfig
+    scenario: Scenario
+    spec: ModelSpec
+
+    @property
+    def num_rounds(self) -> int:
+        return self.scenario.num_steps * self.cfg.rounds_per_step
+
+    def time_step(self, server_round: int) -> int:
+        """Time steps are 1-based and last ``rounds-per-step`` rounds each."""
+        return (server_round - 1) // self.cfg.rounds_per_step + 1
+
+
+def model_spec(cfg: RunConfig, scenario: Scenario) -> ModelSpec:
+    kind = cfg.model or scenario.model
+    hidden = cfg.hidden or scenario.hidden
+    return ModelSpec(kind, tuple(scenario.input_shape), scenario.num_classes, hidden, cfg.init)
+
+
+def load_experiment(run_config: dict[str, ConfigValue], server: bool = False) -> Experiment:
+    """Cached: the ClientApp calls this for every message.
+
+    ``server=True``: the server needs only the scenario's metadata, so when the data directory
+    is not on this machine (a deployment whose devices hold the data) it does without it.
+    """
+    return _load(tuple(sorted(run_config.items())), server)
+
+
+@lru_cache(maxsize=16)
+def _load(items: tuple[tuple[str, ConfigValue], ...], server: bool) -> Experiment:
+    cfg = parse_run_config(dict(items))
+    kwargs = cfg.scenario_kwargs()
+    if server and not (kwargs["data_dir"] and Path(str(kwargs["data_dir"])).is_dir()):
+        kwargs["data_dir"] = METADATA_ONLY
+    scenario = build_scenario(cfg.scenario, **kwargs)
+    return Experiment(cfg, scenario, model_spec(cfg, scenario))

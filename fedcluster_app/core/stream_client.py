@@ -1,0 +1,134 @@
+"""The NumPyClient over a client's drifting data stream.
+
+At time step t the client trains on the window of its last ``window`` steps and tests on the
+held-out split of step t. Its data are regenerated deterministically from (scenario, client,
+step, seed) on every call, so the only memory it keeps between rounds is what lives in
+``context.state``: its personal model (strategies whose model never leaves the client) and
+counters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from flwr.app import MetricRecord, RecordDict
+from flwr.client import NumPyClient
+
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.config import TrainConfig
+from fedcluster_app.core.experiment import Experiment
+from fedcluster_app.core.models import (build_model, get_weights, initial_weights, scratch_model, set_weights)
+from fedcluster_app.core.training import evaluate, evaluate_mixture, limit_threads, local_train
+
+PERSONAL_KEY = "personal-model"
+COUNTERS_KEY = "client-counters"
+
+# run-config keys a server message may override for one round (e.g. a decayed learning rate)
+_TRAIN_OVERRIDES = {f.name.replace("_", "-"): f.name for f in dataclasses.fields(TrainConfig)}
+
+
+class StreamClient(NumPyClient):
+    def __init__(self, client_id: int, experiment: Experiment, state: RecordDict) -> None:
+        scenario = experiment.scenario
+        if not 0 <= client_id < scenario.num_clients:
+            raise ValueError(
+                f"client id {client_id} is outside the scenario {scenario.name!r}, which has "
+                f"{scenario.num_clients} clients (ids 0..{scenario.num_clients - 1})"
+            )
+        limit_threads()
+        self.client_id = client_id
+        self.exp = experiment
+        self.state = state
+
+    # -- data ---------------------------------------------------------------------------
+    def train_data(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.exp.scenario.window(self.client_id, step, self.exp.cfg.window)
+
+    def test_data(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        data = self.exp.scenario.step_data(self.client_id, step)
+        return data.x_test, data.y_test
+
+    def steps_data(self, steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Training data of the given time steps, concatenated (e.g. a cluster's history)."""
+        if not steps:
+            raise ValueError("no time steps given")
+        parts = [self.exp.scenario.step_data(self.client_id, int(t)) for t in steps]
+        return (np.concatenate([p.x_train for p in parts]), np.concatenate([p.y_train for p in parts]))
+
+    def fit_data(self, config: dict, model_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """What to train or probe on: ``data-steps[.<id>]`` if the server says so, else the window."""
+        steps = config.get(f"{P.DATA_STEPS}.{model_id}", config.get(P.DATA_STEPS))
+        return self.steps_data(list(steps)) if steps else self.train_data(int(config[P.STEP]))
+
+    def eval_data(self, config: dict) -> tuple[np.ndarray, np.ndarray]:
+        step = int(config.get(P.TEST_STEP, config[P.STEP]))
+        if config.get(P.TEST_SPLIT, "test") == "train":
+            return self.steps_data([step])
+        return self.test_data(step)
+
+    def concept(self, step: int) -> int:
+        return int(self.exp.scenario.concept(self.client_id, step))
+
+    def rng(self, server_round: int, model_id: int) -> np.random.Generator:
+        return np.random.default_rng(
+            [self.exp.cfg.seed, self.client_id, server_round, model_id + 2**16]
+        )
+
+    def train_config(self, config: dict) -> TrainConfig:
+        overrides = {_TRAIN_OVERRIDES[k]: v for k, v in config.items() if k in _TRAIN_OVERRIDES}
+        return dataclasses.replace(self.exp.cfg.train, **overrides)
+
+    # -- NumPyClient ----------------------------------------------------------------------
+    def fit(self, parameters, config):
+        mid = int(config.get("model-id", 0))
+        x, y = self.fit_data(config, mid)
+        model = scratch_model(self.exp.spec, parameters)
+        loss = local_train(model, x, y, self.train_config(config), self.rng(int(config[P.ROUND]), mid))
+        self._count("trained")
+        return get_weights(model), len(y), {P.TRAIN_LOSS: loss}
+
+    def evaluate(self, parameters, config):
+        x, y = self.eval_data(config)
+        loss, acc = evaluate(scratch_model(self.exp.spec, parameters), x, y)
+        return loss, len(y), {P.ACCURACY: acc}
+
+    # -- extra calls the clustered strategies need ------------------------------------------
+    def evaluate_mixture(self, models: list[list[np.ndarray]], weights: list[float], config):
+        """Test accuracy of the weighted mixture of several models (soft cluster assignments)."""
+        if len(weights) != len(models) or min(weights) < 0 or sum(weights) <= 0:
+            raise ValueError(f"mixture weights {weights} do not fit {len(models)} models")
+        x, y = self.eval_data(config)
+        nets = []
+        for w in models:
+            net = build_model(self.exp.spec)
+            set_weights(net, w)
+            nets.append(net)
+        loss, acc = evaluate_mixture(nets, weights, x, y)
+        return loss, len(y), {P.ACCURACY: acc}
+
+    def losses(self, models: list[list[np.ndarray]], config: dict) -> tuple[list[float], list[float]]:
+        """Loss and accuracy of every model on the training window (or ``data-steps``)."""
+        x, y = self.fit_data(config, -2)
+        pairs = [evaluate(scratch_model(self.exp.spec, w), x, y) for w in models]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def label_histogram(self, step: int) -> np.ndarray:
+        _, y = self.train_data(step)
+        return np.bincount(y, minlength=self.exp.scenario.num_classes).astype(np.int64)
+
+    # -- memory in context.state ------------------------------------------------------------
+    def personal_weights(self) -> list[np.ndarray]:
+        """This client's own model; created from a client-specific seed on first use."""
+        if PERSONAL_KEY in self.state.array_records:
+            return P.unpack_arrays(self.state.array_records[PERSONAL_KEY])
+        return initial_weights(self.exp.spec, seed=self.exp.cfg.seed * 100_003 + self.client_id)
+
+    def store_personal(self, weights: list[np.ndarray]) -> None:
+        self.state[PERSONAL_KEY] = P.pack_arrays(weights)
+
+    def _count(self, what: str) -> None:
+        if COUNTERS_KEY not in self.state.metric_records:
+            self.state[COUNTERS_KEY] = MetricRecord({})
+        counters = self.state.metric_records[COUNTERS_KEY]
+        counters[what] = int(counters.get(what, 0)) + 1

@@ -1,0 +1,153 @@
+"""Local training and evaluation in PyTorch, shared by clients and benchmarks.
+
+Minibatch randomness comes from a NumPy generator the caller seeds from (seed, client, round,
+model), so a run is reproducible whichever process or engine executes the client.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from fedcluster_app.core.config import TrainConfig
+
+
+def limit_threads() -> None:
+    """One intra-op thread per client (FEDCLUSTER_TORCH_THREADS to change it).
+
+    The models are small and every simulated client already gets its own CPU; with more
+    threads, torch's thread pool spins against the other clients and a 0.4 ms step can take
+    15 ms on a loaded 2-core machine.
+    """
+    wanted = int(os.environ.get("FEDCLUSTER_TORCH_THREADS", "1"))
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
+
+
+def as_tensor(a: np.ndarray, dtype=np.float32) -> torch.Tensor:
+    """Scenario data are read-only (cached and shared); torch wants writable memory, so copy those."""
+    a = np.ascontiguousarray(a, dtype=dtype)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    return as_tensor(x), as_tensor(y, np.int64)
+
+
+def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "adam":
+        # amsgrad + L2 as in the FedDrift paper's setup; weight_decay defaults to 0
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, amsgrad=True)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+def batch_indices(n: int, cfg: TrainConfig, rng: np.random.Generator) -> list[np.ndarray]:
+    """The minibatches of one round: ``local-steps`` random batches, or whole shuffled epochs
+    (``drop-last``: without the last partial batch of each epoch, as torch's DataLoader)."""
+    if cfg.local_steps > 0:
+        size = min(cfg.batch_size, n)
+        return [rng.choice(n, size=size, replace=False) for _ in range(cfg.local_steps)]
+    batches = []
+    end = n - n % cfg.batch_size if cfg.drop_last else n
+    for _ in range(cfg.local_epochs):
+        order = rng.permutation(n)
+        batches += [order[i : i + cfg.batch_size] for i in range(0, end, cfg.batch_size)]
+    return batches
+
+
+def local_train(
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    cfg: TrainConfig,
+    rng: np.random.Generator,
+    sample_weights: np.ndarray | None = None,
+    prox_center: list[np.ndarray] | None = None,
+) -> float:
+    """Train ``model`` in place on (x, y); returns the mean training loss.
+
+    With ``cfg.prox_mu > 0`` the FedProx term mu/2 * ||w - w_start||^2 keeps the update close to
+    the model the server sent (or to ``prox_center``, e.g. FedSoft's importance-weighted mix of
+    the cluster centres: sum_k u_k/2 ||w - c_k||^2 has the gradient of 1/2 ||w - sum_k u_k c_k||^2
+    when sum_k u_k = 1). ``sample_weights`` (one per sample) weight the per-sample losses,
+    still averaged over the batch size (soft clustering: FedEM, FedRC).
+    """
+    if len(y) == 0:
+        raise ValueError("no training data")
+    xt, yt = _tensors(x, y)
+    wt = None if sample_weights is None else as_tensor(sample_weights)
+    model.train()
+    opt = _optimizer(model, cfg)
+    anchor = None
+    if cfg.prox_mu > 0:
+        anchor = ([p.detach().clone() for p in model.parameters()] if prox_center is None
+                  else [as_tensor(a) for a in prox_center])
+    total = 0.0
+    batches = batch_indices(len(yt), cfg, rng)
+    for idx in batches:
+        idx_t = torch.from_numpy(idx)
+        opt.zero_grad(set_to_none=True)
+        if wt is None:
+            loss = F.cross_entropy(model(xt[idx_t]), yt[idx_t])
+        else:
+            per_sample = F.cross_entropy(model(xt[idx_t]), yt[idx_t], reduction="none")
+            loss = (wt[idx_t] * per_sample).mean()
+        total += float(loss.detach())
+        if anchor is not None:
+            prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+            loss = loss + 0.5 * cfg.prox_mu * prox
+        loss.backward()
+        opt.step()
+    return total / max(len(batches), 1)
+
+
+@torch.no_grad()
+def predict_proba(models: list[nn.Module], weights: list[float], x: np.ndarray) -> torch.Tensor:
+    """Class probabilities of a model, or of a mixture of models with the given weights."""
+    xt = as_tensor(x)
+    probs = None
+    for model, w in zip(models, weights):
+        model.eval()
+        p = F.softmax(model(xt), dim=1) * float(w)
+        probs = p if probs is None else probs + p
+    assert probs is not None
+    return probs
+
+
+@torch.no_grad()
+def sample_losses(model: nn.Module, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per-sample cross-entropy of one model (eval mode), as float64."""
+    xt, yt = _tensors(x, y)
+    model.eval()
+    return F.cross_entropy(model(xt), yt, reduction="none").double().numpy()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of one model on (x, y)."""
+    if len(y) == 0:
+        return float("nan"), float("nan")
+    xt, yt = _tensors(x, y)
+    model.eval()
+    logits = model(xt)
+    loss = float(F.cross_entropy(logits, yt))
+    acc = float((logits.argmax(1) == yt).float().mean())
+    return loss, acc
+
+
+@torch.no_grad()
+def evaluate_mixture(
+    models: list[nn.Module], weights: list[float], x: np.ndarray, y: np.ndarray
+) -> tuple[float, float]:
+    """(negative log-likelihood, accuracy) of the weighted mixture of the models' predictions."""
+    yt = as_tensor(y, np.int64)
+    total = float(sum(weights))
+    probs = predict_proba(models, [w / total for w in weights], x)
+    nll = float(-torch.log(probs[torch.arange(len(yt)), yt].clamp_min(1e-12)).mean())
+    acc = float((probs.argmax(1) == yt).float().mean())
+    return nll, acc

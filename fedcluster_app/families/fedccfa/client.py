@@ -1,0 +1,398 @@
+"""Client side of FedCCFA and its decoupled/adaptive baselines (spec ``fedccfa.md`` 2.3, 6, 9).
+
+Message kinds:
+
+* ``train.fedccfa``: the server sends the global model (extractor theta(t) + the fixed initial
+  classifier phi(0)) and, in the config, the results of the client's previous participation
+  (the cluster-mean classifier rows and anchors of the classes where it sat in a cluster of >= 2
+  clients). The client applies them to its personal state, then runs the five steps of 2.3 in
+  the spec's order (``ccfa-algo = fedccfa``) or a baseline's local training (``fedrep``,
+  ``fedbabu``, ``flash``). It returns the model (trained extractor + phi(0) unchanged) under the
+  id it was sent, and, for FedCCFA, one extra record ``model.-2`` = [balanced W, balanced b,
+  personal W, personal b, local anchors (C x d), anchor mask (C,)], which the strategy takes out
+  of the reply and validates on its own (a bad record rejects only that client's rows).
+* ``query.fedccfa_eval``: the same pending results are applied; the client is tested with the
+  global extractor + its personal classifier (FedCCFA, FedRep), after fine-tuning (FedBABU), or
+  with the model sent (Flash). Replies ``accuracy`` (its own test split of the current step: the
+  paper's personalised accuracy) and ``gen-accuracy`` (the entire test pool relabelled with the
+  client's current concept: the paper's generalised accuracy).
+
+Persistent memory lives in ``context.state`` only (it survives between rounds, also when the
+client is not sampled, in simulation and deployment): the personal classifier, the anchor set,
+the round of the last training (so stale server results are never applied twice over newer
+training) and Flash's previous validation loss. No optimiser state is kept: every phase gets a
+fresh SGD.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import MetricRecord
+from torch import nn
+from torch.nn import functional as F
+
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.models import build_model, get_weights, set_weights
+from fedcluster_app.core.training import as_tensor
+from fedcluster_app.core.stream_client import StreamClient
+
+TRAIN_KIND = "train.fedccfa"
+EVAL_KIND = "query.fedccfa_eval"
+EXTRA = "ccfa"                      # extra.<name> of the classifier/anchor record in a reply
+
+STATE_CLASSIFIER = "fedccfa.personal-classifier"   # ArrayRecord [W (C x d), b (C,)]
+STATE_ANCHORS = "fedccfa.anchors"                  # ArrayRecord [A (C x d), mask (C,)]
+STATE_META = "fedccfa.meta"                        # MetricRecord: trained-round, personal-age, ...
+
+# config keys (server -> client)
+ALGO = "ccfa-algo"
+PENDING_ROUND = "ccfa-pending-round"
+PENDING_CLASSES = "ccfa-pending-classes"
+PENDING_ROWS = "ccfa-pending-rows"
+PENDING_ANCHOR_CLASSES = "ccfa-pending-anchor-classes"
+PENDING_ANCHORS = "ccfa-pending-anchors"
+
+# metric keys (client -> server)
+GEN_ACCURACY = "gen-accuracy"
+ENTROPY = "label-entropy"
+LAMBDA = "align-weight"
+ALIGNED = "aligned"
+PERSONAL_AGE = "personal-age"       # rounds the personal classifier has been trained in a row
+EPOCHS_RUN = "epochs-run"
+
+
+def hp(config: dict, key: str, default: Any) -> Any:
+    return config.get(f"ccfa-{key}", default)
+
+
+# ------------------------------------------------------------------------------- model parts
+def split_model(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
+    """``(features, classifier)``; the classifier must be the last ``nn.Linear``."""
+    features = getattr(model, "features", None)
+    head = getattr(model, "classifier", None)
+    if not isinstance(head, nn.Linear) or features is None or not any(
+            True for _ in features.parameters()):
+        raise ValueError("this model has no separable classifier head (a feature extractor with "
+                         "parameters followed by a linear classifier)")
+    return features, head
+
+
+def _sgd(params, lr: float, config: dict) -> torch.optim.Optimizer:
+    return torch.optim.SGD(list(params), lr=float(lr), momentum=float(hp(config, "momentum", 0.9)),
+                           weight_decay=float(hp(config, "weight-decay", 1e-5)))
+
+
+def _freeze(module: nn.Module, frozen: bool) -> None:
+    for p in module.parameters():
+        p.requires_grad_(not frozen)
+
+
+def _epochs(n: int, epochs: int, batch: int, rng: np.random.Generator) -> list[np.ndarray]:
+    out = []
+    for _ in range(int(epochs)):
+        order = rng.permutation(n)
+        out += [order[i:i + batch] for i in range(0, n, batch)]
+    return out
+
+
+def _train_head(head: nn.Linear, z: torch.Tensor, y: torch.Tensor, batches: list[np.ndarray],
+                lr: float, config: dict) -> float:
+    """Train only the classifier on fixed features ``z`` (the extractor is frozen)."""
+    opt = _sgd(head.parameters(), lr, config)
+    total = 0.0
+    for idx in batches:
+        i = torch.from_numpy(np.asarray(idx))
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(head(z[i]), y[i])
+        loss.backward()
+        opt.step()
+        total += float(loss.detach())
+    return total / max(1, len(batches))
+
+
+def alignment_loss(z: torch.Tensor, y: torch.Tensor, anchors: torch.Tensor, tau: float
+                   ) -> torch.Tensor:
+    """Eq. 8: cross-entropy of cos(z, A_i)/tau over the C anchors (anchors are constants)."""
+    sims = F.cosine_similarity(z[:, None, :], anchors[None, :, :], dim=2) / tau
+    return F.cross_entropy(sims, y)
+
+
+# ------------------------------------------------------------------------------- state
+def _meta(client: StreamClient) -> MetricRecord:
+    if STATE_META not in client.state.metric_records:
+        client.state[STATE_META] = MetricRecord({"trained-round": -1, "personal-age": 0})
+    return client.state.metric_records[STATE_META]
+
+
+def personal_classifier(client: StreamClient) -> list[np.ndarray] | None:
+    if STATE_CLASSIFIER in client.state.array_records:
+        return P.unpack_arrays(client.state.array_records[STATE_CLASSIFIER])
+    return None
+
+
+def anchors(client: StreamClient, num_classes: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    if STATE_ANCHORS in client.state.array_records:
+        a, m = P.unpack_arrays(client.state.array_records[STATE_ANCHORS])
+        return a.copy(), m.copy()
+    return np.zeros((num_classes, dim), np.float32), np.zeros(num_classes, np.float32)
+
+
+def apply_pending(client: StreamClient, config: dict) -> bool:
+    """Apply the server's cluster results of this client's last training (idempotent: they are
+    replacement values). Results of an older training than the client's latest are ignored."""
+    if PENDING_ROUND not in config:
+        return False
+    meta = _meta(client)
+    if int(config[PENDING_ROUND]) != int(meta["trained-round"]):
+        return False
+    clf = personal_classifier(client)
+    if clf is not None and PENDING_CLASSES in config:
+        w, b = (a.copy() for a in clf)
+        classes = [int(c) for c in config[PENDING_CLASSES]]
+        rows = np.asarray(config[PENDING_ROWS], np.float32).reshape(len(classes), w.shape[1] + 1)
+        for c, row in zip(classes, rows):
+            w[c], b[c] = row[:-1], row[-1]
+        client.state[STATE_CLASSIFIER] = P.pack_arrays([w, b])
+    if PENDING_ANCHOR_CLASSES in config and clf is not None:
+        a, m = anchors(client, clf[0].shape[0], clf[0].shape[1])
+        classes = [int(c) for c in config[PENDING_ANCHOR_CLASSES]]
+        vals = np.asarray(config[PENDING_ANCHORS], np.float32).reshape(len(classes), a.shape[1])
+        for c, v in zip(classes, vals):
+            a[c], m[c] = v, 1.0
+        client.state[STATE_ANCHORS] = P.pack_arrays([a, m])
+    return True
+
+
+# ------------------------------------------------------------------------------- training
+def _begin(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]], kind: str
+           ) -> tuple[int, list[np.ndarray], str]:
+    """What every FedCCFA-family message starts with: its one model, the algorithm, and the
+    server's pending results of the client's last training applied to its personal state."""
+    if len(models) != 1:
+        raise ValueError(f"{kind} needs exactly one model, got {sorted(models)}")
+    (mid, weights), = models.items()
+    apply_pending(client, config)
+    return mid, weights, str(config.get(ALGO, "fedccfa"))
+
+
+def train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
+    mid, weights, algo = _begin(client, config, models, TRAIN_KIND)
+    rnd = int(config[P.ROUND])
+    x, y = client.train_data(int(config[P.STEP]))
+    if len(y) == 0:
+        raise ValueError("no training data")
+    model = build_model(client.exp.spec, 0)
+    set_weights(model, weights)
+    model.train()
+    features, head = split_model(model)
+    rng = client.rng(rnd, 7_000 + mid)
+    xt, yt = as_tensor(x), as_tensor(y, np.int64)
+    batch = int(hp(config, "batch-size", 64))
+    metrics: dict[str, Any] = {P.NUM_EXAMPLES: int(len(y))}
+    extra = None
+    if algo in ("fedccfa", "fedrep"):
+        extra = _train_decoupled(client, config, algo, model, features, head, xt, yt, rng, batch,
+                                 rnd, metrics)
+    elif algo == "fedbabu":
+        _freeze(head, True)
+        metrics[P.TRAIN_LOSS] = _train_full(model, features.parameters(), xt, yt, rng, batch,
+                                            int(hp(config, "ext-epochs", 5)),
+                                            float(hp(config, "ext-lr", 0.01)), config)
+        _freeze(head, False)
+    elif algo == "flash":
+        metrics.update(_train_flash(client, config, model, xt, yt, rng, batch))
+    else:
+        raise ValueError(f"unknown {ALGO} {algo!r}")
+    return metrics, {mid: get_weights(model)}, {}, ({EXTRA: extra} if extra is not None else {})
+
+
+def _train_full(model, params, xt, yt, rng, batch, epochs, lr, config) -> float:
+    opt = _sgd([p for p in params if p.requires_grad], lr, config)
+    total, batches = 0.0, _epochs(len(yt), epochs, batch, rng)
+    for idx in batches:
+        i = torch.from_numpy(idx)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xt[i]), yt[i])
+        loss.backward()
+        opt.step()
+        total += float(loss.detach())
+    return total / max(1, len(batches))
+
+
+def _train_decoupled(client, config, algo, model, features, head, xt, yt, rng, batch, rnd,
+                     metrics) -> list[np.ndarray] | None:
+    C = head.out_features
+    phi0 = [head.weight.detach().clone(), head.bias.detach().clone()]
+    counts = np.bincount(yt.numpy(), minlength=C)
+    _freeze(features, True)
+    with torch.no_grad():
+        z_all = features(xt)
+    bal = None
+    # 1. balanced classifier (clustering input): phi(0) + s steps on m samples of every class
+    if algo == "fedccfa":
+        present = np.flatnonzero(counts > 0)
+        m = int(min(int(hp(config, "bal-per-class", 5)), counts[present].min()))
+        y_np = yt.numpy()
+        idx = np.concatenate([rng.choice(np.flatnonzero(y_np == c), size=m, replace=False)
+                              for c in present])
+        _train_head(head, z_all, yt, [idx] * int(hp(config, "bal-steps", 5)),
+                    float(hp(config, "bal-lr", 0.1)), config)
+        bal = [head.weight.detach().numpy().copy(), head.bias.detach().numpy().copy()]
+    # 2. personal classifier: the stored one, else the balanced one (FedRep: phi(0)), 1 epoch
+    meta = _meta(client)
+    stored = personal_classifier(client)
+    with torch.no_grad():
+        if stored is not None:
+            head.weight.copy_(torch.from_numpy(stored[0]))
+            head.bias.copy_(torch.from_numpy(stored[1]))
+            age = int(meta["personal-age"]) + 1
+        else:
+            if bal is None:
+                head.weight.copy_(phi0[0])
+                head.bias.copy_(phi0[1])
+            age = 1
+    _train_head(head, z_all, yt, _epochs(len(yt), int(hp(config, "clf-epochs", 1)), batch, rng),
+                float(hp(config, "clf-lr", 0.1)), config)
+    # 3. entropy weight
+    entropy = float(-(lambda p: (p * np.log(p)).sum())(counts[counts > 0] / counts.sum()))
+    if algo == "fedccfa":
+        mode = str(hp(config, "weight-mode", "entropy"))
+        lam = entropy / float(hp(config, "gamma", 20.0)) if mode == "entropy" else float(
+            hp(config, "fixed-weight", 0.0))
+    else:
+        lam = 0.0
+    # 4. extractor: CE + lambda * alignment to the held anchors, classifier frozen
+    _freeze(features, False)
+    _freeze(head, True)
+    d = head.in_features
+    a_held, a_mask = anchors(client, C, d)
+    align = (algo == "fedccfa" and lam > 0 and rnd - 1 >= int(hp(config, "align-start", 20))
+             and bool(a_mask.all()))
+    a_t = torch.from_numpy(a_held) if align else None
+    tau = float(hp(config, "tau", 0.1))
+    opt = _sgd(features.parameters(), float(hp(config, "ext-lr", 0.01)), config)
+    total, batches = 0.0, _epochs(len(yt), int(hp(config, "ext-epochs", 5)), batch, rng)
+    for idx in batches:
+        i = torch.from_numpy(idx)
+        opt.zero_grad(set_to_none=True)
+        z = features(xt[i])
+        loss = F.cross_entropy(head(z), yt[i])
+        if align:
+            loss = loss + lam * alignment_loss(z, yt[i], a_t, tau)
+        loss.backward()
+        opt.step()
+        total += float(loss.detach())
+    _freeze(head, False)
+    personal = [head.weight.detach().numpy().copy(), head.bias.detach().numpy().copy()]
+    # 5. local anchors with the new extractor over all local samples
+    with torch.no_grad():
+        z_new = features(xt).numpy()
+    local = np.zeros((C, d), np.float32)
+    mask = (counts > 0).astype(np.float32)
+    for c in np.flatnonzero(counts > 0):
+        local[c] = z_new[yt.numpy() == c].mean(axis=0)
+    # the model goes back with phi(0) as its classifier: the server's classifier never changes
+    with torch.no_grad():
+        head.weight.copy_(phi0[0])
+        head.bias.copy_(phi0[1])
+    # state: personal classifier, own anchors for present classes (absent keep their last one)
+    client.state[STATE_CLASSIFIER] = P.pack_arrays(personal)
+    a_held[mask > 0] = local[mask > 0]
+    client.state[STATE_ANCHORS] = P.pack_arrays([a_held, np.maximum(a_mask, mask)])
+    meta["trained-round"] = rnd
+    meta["personal-age"] = age
+    metrics.update({P.TRAIN_LOSS: total / max(1, len(batches)), ENTROPY: entropy, LAMBDA: lam,
+                    ALIGNED: int(align), PERSONAL_AGE: age})
+    if algo != "fedccfa":
+        return None
+    return [bal[0], bal[1], personal[0], personal[1], local, mask]
+
+
+def _train_flash(client, config, model, xt, yt, rng, batch) -> dict[str, Any]:
+    """Flash client: up to E epochs, early stop when 0 < prev - loss < threshold/(epoch+1), with
+    the validation loss on the client's test split of the step; prev persists across rounds."""
+    from fedcluster_app.core.training import evaluate as _evaluate
+
+    xv, yv = client.test_data(int(config[P.STEP]))
+    meta = _meta(client)
+    prev = float(meta.get("flash-prev-loss", float("inf")))
+    thr = float(hp(config, "flash-threshold", 0.004))
+    lr = float(hp(config, "ext-lr", 0.01))
+    epochs = int(hp(config, "ext-epochs", 5))
+    loss = 0.0
+    run = 0
+    for e in range(epochs):
+        _train_full(model, model.parameters(), xt, yt, rng, batch, 1, lr, config)
+        run += 1
+        val, _ = _evaluate(model, xv, yv)
+        model.train()
+        gap = prev - val
+        prev, loss = val, val
+        if 0 < gap < thr / (e + 1):
+            break
+    meta["flash-prev-loss"] = float(prev) if np.isfinite(prev) else 1e9
+    return {P.TRAIN_LOSS: float(loss), EPOCHS_RUN: run}
+
+
+# ------------------------------------------------------------------------------- evaluation
+@lru_cache(maxsize=16)
+def general_test_set(scenario, concept: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The whole test pool relabelled (and transformed) as ``concept`` says, or None where the
+    scenario has no test pool (tabular, mixtures)."""
+    real = scenario.realisation
+    pool = getattr(getattr(real, "source", None), "test_pool", None)
+    if pool is None:
+        return None
+    c = real.concepts[concept]
+    x = pool.get(np.arange(len(pool)), getattr(c, "angle", 0.0))
+    noise = float(getattr(c, "noise_std", 0.0))
+    if noise > 0:
+        rng = np.random.default_rng([scenario.data_seed, concept, 0, 99])
+        x = np.clip(x + rng.normal(0.0, noise, size=x.shape).astype(np.float32), 0.0, 1.0)
+    y = pool.labels if c.perm is None else np.asarray(c.perm, np.int64)[pool.labels]
+    return np.ascontiguousarray(x, np.float32), np.asarray(y, np.int64)
+
+
+@torch.no_grad()
+def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    if len(y) == 0:
+        return float("nan"), float("nan")
+    model.eval()
+    logits = torch.cat([model(as_tensor(x[i:i + 2048])) for i in range(0, len(y), 2048)])
+    yt = as_tensor(y, np.int64)
+    return float(F.cross_entropy(logits, yt)), float((logits.argmax(1) == yt).float().mean())
+
+
+def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
+    _, weights, algo = _begin(client, config, models, EVAL_KIND)
+    step = int(config[P.STEP])
+    model = build_model(client.exp.spec, 0)
+    set_weights(model, weights)
+    if algo in ("fedccfa", "fedrep"):
+        _, head = split_model(model)
+        clf = personal_classifier(client)
+        if clf is not None:
+            with torch.no_grad():
+                head.weight.copy_(torch.from_numpy(clf[0]))
+                head.bias.copy_(torch.from_numpy(clf[1]))
+    elif algo == "fedbabu" and int(hp(config, "ft-epochs", 5)) > 0:
+        x, y = client.train_data(step)
+        rng = client.rng(int(config[P.ROUND]), 8_000)
+        model.train()
+        _train_full(model, model.parameters(), as_tensor(x), as_tensor(y, np.int64), rng,
+                    int(hp(config, "batch-size", 64)), int(hp(config, "ft-epochs", 5)),
+                    float(hp(config, "ft-lr", 0.01)), config)
+    x, y = client.test_data(step)
+    loss, acc = _accuracy(model, x, y)
+    metrics: dict[str, Any] = {P.LOSS: loss, P.NUM_EXAMPLES: int(len(y)), P.ACCURACY: acc}
+    gen = general_test_set(client.exp.scenario, client.concept(step))
+    if gen is not None:
+        metrics[GEN_ACCURACY] = _accuracy(model, *gen)[1]
+    return metrics, {}, {}
+
+
+HANDLERS = {TRAIN_KIND: train, EVAL_KIND: evaluate}

@@ -1,0 +1,440 @@
+"""FedCCFA (Chen et al., NeurIPS 2024) and the baselines it is compared with: FedRep, FedBABU,
+Flash (spec ``fedccfa.md``; FedProx is ``fedprox``; Adaptive-FedAvg with the spec's per-round
+constants is ``adaptive-fedavg-rounds``, from ``adaptive_lr``, listed here for the registry).
+
+FedCCFA, server side (2.5): sample-weighted FedAvg of the clients' feature extractors (the
+server's classifier stays phi(0) for ever); then, for every class c, the MADD distance between
+the sampled clients' *balanced* class-c classifier rows (incl. bias), DBSCAN(eps, min_samples)
+over it, and inside every cluster of >= 2 clients the uniform mean of their *personal* class-c
+rows and of their class-c anchors. Singletons keep their own row and anchor. Fewer than 3
+usable replies: no clustering that round (MADD needs 3). The results reach a client with its
+next message (train or evaluate) and are applied to its personal classifier and anchors, which
+live in the client's ``context.state`` (``clients/fedccfa.py``).
+
+Everything runs over two message kinds of ``clients/fedccfa.py``: ``train.fedccfa`` (the five
+client steps, or a baseline's local training, chosen by ``ccfa-algo``) and
+``query.fedccfa_eval`` (personalised ``accuracy`` on the client's own test split and
+generalised ``gen-accuracy`` on the whole relabelled test pool).
+"""
+
+from __future__ import annotations
+
+import math
+from logging import INFO, WARNING
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.common.logger import log
+
+from fedcluster_app.core import wire as P
+from fedcluster_app.families.fedccfa import client as C
+from fedcluster_app.core.config import ConfigError
+from fedcluster_app.core.models import build_model
+from fedcluster_app.families.foundation.adaptive_fedavg import AdaptiveFedAvgRounds
+from fedcluster_app.core.strategy import (ClusteredStrategy, RejectedReply, Reply, Task, weighted_average)
+from fedcluster_app.families.fedccfa.classifiers import dbscan_labels, drift_recovery, madd
+
+SUPPORTED_MODELS = "the 'cnn', or the 'mlp' with hidden > 0"
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+class _GeneralisedEval(ClusteredStrategy):
+    """Shared machinery: one global model (id 0), train.fedccfa / query.fedccfa_eval messages,
+    per-client pending server results, generalised accuracy in metrics.jsonl."""
+
+    message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: C.TRAIN_KIND, P.EVALUATE: C.EVAL_KIND}
+    algo: ClassVar[str] = ""
+    needs_head: ClassVar[bool] = True
+    DEFAULTS: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, experiment) -> None:
+        super().__init__(experiment)
+        self.h = self._read_hparams()
+        if self.needs_head:
+            spec = experiment.spec
+            try:
+                C.split_model(build_model(spec, 0))
+            except ValueError:
+                desc = f"{spec.kind}" + (f" with hidden={spec.hidden}" if spec.kind == "mlp" else "")
+                raise ConfigError(
+                    f"model: {self.name} needs a model with a separable classifier head (a feature "
+                    f"extractor followed by a linear classifier): {SUPPORTED_MODELS}; got {desc} "
+                    f"(set hidden > 0 or model = \"cnn\")") from None
+        self.pending: dict[int, dict[str, Any]] = {}
+        self.gen_history: list[float | None] = []
+        self._gen: dict[int, float] = {}
+        self._extras: dict[int, list[np.ndarray]] = {}
+        self._rejected_rows: list[int] = []
+        self._ages: list[int] = []
+
+    # ---------------------------------------------------------------- hyper-parameters
+    def _read_hparams(self) -> dict[str, Any]:
+        raw = self.hparams()
+        unknown = sorted(set(raw) - set(self.DEFAULTS))
+        _check(not unknown, f"{self.name}: unknown key(s) {unknown}; valid keys: "
+                            f"{', '.join(sorted(self.DEFAULTS))}")
+        h = {}
+        for key, default in self.DEFAULTS.items():
+            value = raw.get(key, default)
+            if isinstance(default, bool):
+                _check(isinstance(value, bool), f"{self.name}.{key} must be true or false")
+            elif isinstance(default, int):
+                _check(isinstance(value, (int, float)) and float(value).is_integer(),
+                       f"{self.name}.{key} must be an integer, got {value!r}")
+                value = int(value)
+            elif isinstance(default, float):
+                _check(isinstance(value, (int, float)) and math.isfinite(float(value)),
+                       f"{self.name}.{key} must be a finite number, got {value!r}")
+                value = float(value)
+            h[key] = value
+        for key in ("lr", "bal-lr", "clf-lr", "ext-lr", "ft-lr", "eta-g", "tau", "gamma"):
+            if key in h:
+                _check(h[key] > 0, f"{self.name}.{key} must be > 0, got {h[key]}")
+        for key in ("bal-steps", "bal-per-class", "ext-epochs", "clf-epochs", "batch-size",
+                    "epochs"):
+            if key in h:
+                _check(h[key] >= 1, f"{self.name}.{key} must be >= 1, got {h[key]}")
+        if "momentum" in h:
+            _check(0 <= h["momentum"] < 1, f"{self.name}.momentum must be in [0, 1), got {h['momentum']}")
+        if "weight-decay" in h:
+            _check(h["weight-decay"] >= 0, f"{self.name}.weight-decay must be >= 0")
+        return h
+
+    def client_config(self, cid: int) -> dict[str, Any]:
+        """What every message to ``cid`` carries: the algorithm, its hyper-parameters and the
+        server's pending results of the client's last training."""
+        cfg: dict[str, Any] = {C.ALGO: self.algo}
+        for key, value in self.h.items():
+            if isinstance(value, (bool, int, float, str)):
+                cfg[f"ccfa-{key}"] = value
+        cfg.update(self.pending.get(cid, {}))
+        return cfg
+
+    # ---------------------------------------------------------------- hooks
+    def on_start(self) -> None:
+        mid = self.new_model()
+        for cid in self.clients:
+            self.assign(cid, mid)
+
+    def on_new_client(self, cid: int) -> None:
+        self.assign(cid, min(self.models))
+
+    @property
+    def gid(self) -> int:
+        return min(self.models)
+
+    def plan_train(self, step: int) -> dict[int, Task]:
+        self._extras, self._rejected_rows, self._ages = {}, [], []
+        return {cid: Task(models=[self.gid], config=self.client_config(cid))
+                for cid in self.sample(sorted(self.clients), self.cfg.fraction_train)}
+
+    def eval_task(self, cid: int) -> Task | None:
+        return Task(models=[self.gid], config=self.client_config(cid))
+
+    def check_reply(self, kind: str, reply: Reply) -> None:
+        """FedCCFA's classifier/anchor record (``extra.ccfa``) is checked on its own: a bad
+        record rejects that client's rows (logged), not its extractor."""
+        if kind == C.EVAL_KIND and C.GEN_ACCURACY in reply.metrics:
+            self._gen[reply.cid] = float(reply.metrics[C.GEN_ACCURACY])
+        if kind != C.TRAIN_KIND:
+            return
+        if C.PERSONAL_AGE in reply.metrics:
+            self._ages.append(int(reply.metrics[C.PERSONAL_AGE]))
+        if C.EXTRA not in reply.extras:
+            return
+        try:
+            self._extras[reply.cid] = self.check_extra(reply.extras[C.EXTRA])
+        except (ValueError, TypeError) as ex:
+            self._rejected_rows.append(reply.cid)
+            log(WARNING, "round %d: client %d: classifier rows and anchors rejected this round: %s",
+                self.round, reply.cid, ex)
+
+    def check_extra(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        c, d = self._shapes[-2]
+        want = [(c, d), (c,), (c, d), (c,), (c, d), (c,)]
+        names = ["balanced W", "balanced b", "personal W", "personal b", "anchors", "anchor mask"]
+        if len(arrays) != len(want):
+            raise RejectedReply(f"expected {len(want)} arrays ({', '.join(names)}), got {len(arrays)}")
+        for a, shape, name in zip(arrays, want, names):
+            if tuple(a.shape) != shape:
+                raise RejectedReply(f"{name} has shape {tuple(a.shape)}, expected {shape}")
+            if not np.isfinite(a).all():
+                raise RejectedReply(f"{name} contains non-finite values")
+        if not np.isin(arrays[5], (0.0, 1.0)).all():
+            raise RejectedReply("anchor mask must hold only 0 and 1")
+        return [np.asarray(a, np.float64) for a in arrays]
+
+    def on_train_replies(self, step: int, replies: list[Reply]) -> None:
+        self.average_extractor(replies)
+
+    def average_extractor(self, replies: list[Reply]) -> None:
+        """theta(t+1) = sample-weighted mean of the extractors (Eq. 10); classifier stays phi(0)."""
+        items = self.collect_updates(replies).get(self.gid, [])
+        if not items or sum(w for _, w in items) <= 0:
+            return
+        new = weighted_average(items)
+        new[-2:] = [a.copy() for a in self.models[self.gid][-2:]]
+        self.models[self.gid] = new
+
+    # ---------------------------------------------------------------- metrics and state
+    def round_metrics(self) -> dict[str, Any]:
+        gen = float(np.mean(list(self._gen.values()))) if self._gen else None
+        self.gen_history.append(gen)
+        out: dict[str, Any] = {"generalized_accuracy": gen}
+        if self._ages:   # rounds the personal classifiers have been trained in a row (min, max)
+            out["personal_age"] = [min(self._ages), max(self._ages)]
+        if self._gen and len(self._gen) <= 200:
+            out["client_generalized_accuracy"] = {str(c): round(a, 5) for c, a in self._gen.items()}
+        self._gen = {}
+        return out
+
+    def summary_extra(self) -> dict[str, Any]:
+        vals = [v for v in self.gen_history if v is not None]
+        out: dict[str, Any] = {
+            "final_generalized_accuracy": vals[-1] if vals else None,
+            "mean_generalized_accuracy": float(np.mean(vals)) if vals else None,
+        }
+        events = self.exp.scenario.drift_events()
+        if events and vals:
+            first = (events[0][0] - 1) * self.cfg.rounds_per_step   # index of the first drift round
+            out["drift"] = drift_recovery(self.gen_history, first)
+        return out
+
+    def strategy_state(self) -> dict[str, Any]:
+        return {"pending": {str(c): p for c, p in self.pending.items()},
+                "gen_history": self.gen_history}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        self.pending = {int(c): p for c, p in state["pending"].items()}
+        self.gen_history = list(state["gen_history"])
+
+
+class FedCCFA(_GeneralisedEval):
+    name = "fedccfa"
+    description = ("FedCCFA: shared extractor, personal classifiers clustered per class "
+                   "(MADD + DBSCAN), entropy-weighted anchor alignment")
+    algo = "fedccfa"
+    DEFAULTS = {
+        "eps": 0.1, "min-samples": 1, "align-start": 20, "tau": 0.1, "gamma": 20.0,
+        "weight-mode": "entropy", "fixed-weight": 0.0, "anchors": "clustered",
+        "bal-lr": 0.1, "bal-steps": 5, "bal-per-class": 5, "clf-lr": 0.1, "clf-epochs": 1,
+        "ext-lr": 0.01, "ext-epochs": 5, "batch-size": 64, "momentum": 0.9, "weight-decay": 1e-5,
+    }
+
+    def __init__(self, experiment) -> None:
+        super().__init__(experiment)
+        h = self.h
+        _check(h["eps"] > 0, f"fedccfa.eps must be > 0 (a MADD distance threshold), got {h['eps']}")
+        _check(h["min-samples"] >= 1, f"fedccfa.min-samples must be >= 1, got {h['min-samples']}")
+        _check(h["align-start"] >= 0, f"fedccfa.align-start must be >= 0, got {h['align-start']}")
+        _check(h["weight-mode"] in ("entropy", "fixed"),
+               f"fedccfa.weight-mode must be 'entropy' or 'fixed', got {h['weight-mode']!r}")
+        _check(h["fixed-weight"] >= 0, f"fedccfa.fixed-weight must be >= 0, got {h['fixed-weight']}")
+        _check(h["anchors"] in ("clustered", "global"),
+               f"fedccfa.anchors must be 'clustered' or 'global', got {h['anchors']!r}")
+        self.signature: dict[int, list[int]] = {}      # cid -> its cluster index per class
+        self._sig_ids: dict[tuple[int, ...], int] = {}
+        self._partition: dict[int, list[list[int]]] = {}
+        self._class_ari: list[float | None] = []
+        self._lam: list[float] = []
+
+    def client_config(self, cid: int) -> dict[str, Any]:
+        cfg = super().client_config(cid)
+        for key in ("eps", "min-samples", "anchors"):
+            cfg.pop(f"ccfa-{key}", None)   # server-side only
+        return cfg
+
+    def on_train_replies(self, step: int, replies: list[Reply]) -> None:
+        self.average_extractor(replies)
+        self._lam = [float(r.metrics.get(C.LAMBDA, 0.0)) for r in replies]
+        ok = [r.cid for r in replies if r.cid in self._extras]
+        for r in replies:
+            self.pending.pop(r.cid, None)
+        self._partition, self._class_ari = {}, []
+        results: dict[int, dict[str, list]] = {
+            cid: {"classes": [], "rows": [], "anchor_classes": [], "anchors": []} for cid in ok}
+        num_classes = self._shapes[-2][0]
+        if len(ok) < 3:
+            if ok:
+                log(INFO, "round %d: only %d usable replies, no clustering (MADD needs 3)",
+                    self.round, len(ok))
+            for cid in ok:
+                self.signature[cid] = list(range(num_classes))   # singleton everywhere
+        else:
+            labels_by_class = []
+            for c in range(num_classes):
+                ex = [self._extras[k] for k in ok]
+                v = np.stack([np.concatenate([e[0][c], [e[1][c]]]) for e in ex])
+                labels = dbscan_labels(madd(v), self.h["eps"], self.h["min-samples"])
+                labels_by_class.append(labels)
+                self._partition[c] = [[ok[i] for i in np.flatnonzero(labels == lab)]
+                                      for lab in range(int(labels.max()) + 1)]
+                for lab in range(int(labels.max()) + 1):
+                    idx = np.flatnonzero(labels == lab)
+                    if len(idx) < 2:
+                        continue                                   # singleton keeps its own
+                    row = np.mean([np.concatenate([ex[i][2][c], [ex[i][3][c]]]) for i in idx], 0)
+                    have = [i for i in idx if ex[i][5][c] > 0]
+                    anchor = np.mean([ex[i][4][c] for i in have], 0) if have else None
+                    for i in idx:
+                        res = results[ok[i]]
+                        res["classes"].append(c)
+                        res["rows"].extend(float(x) for x in row)
+                        if anchor is not None and self.h["anchors"] == "clustered":
+                            res["anchor_classes"].append(c)
+                            res["anchors"].extend(float(x) for x in anchor)
+                if self.h["anchors"] == "global":
+                    have = [i for i in range(len(ok)) if ex[i][5][c] > 0]
+                    if have:
+                        anchor = np.mean([ex[i][4][c] for i in have], 0)
+                        for i in range(len(ok)):
+                            results[ok[i]]["anchor_classes"].append(c)
+                            results[ok[i]]["anchors"].extend(float(x) for x in anchor)
+            for i, cid in enumerate(ok):
+                self.signature[cid] = [int(lab[i]) for lab in labels_by_class]
+            self._class_ari = self._ari_per_class(step, ok, labels_by_class)
+        for cid, res in results.items():
+            p: dict[str, Any] = {C.PENDING_ROUND: self.round}
+            if res["classes"]:
+                p[C.PENDING_CLASSES] = res["classes"]
+                p[C.PENDING_ROWS] = res["rows"]
+            if res["anchor_classes"]:
+                p[C.PENDING_ANCHOR_CLASSES] = res["anchor_classes"]
+                p[C.PENDING_ANCHORS] = res["anchors"]
+            self.pending[cid] = p
+
+    # ---------------------------------------------------------------- ground-truth metrics
+    def _class_meaning(self, concept: int, c: int) -> int:
+        """Which true class label c stands for under ``concept`` (metrics only)."""
+        try:
+            perm = self.exp.scenario.realisation.concepts[concept].perm
+        except Exception:   # no realisation on this machine: fall back to the concept id
+            return concept * 1000 + c
+        if perm is None:
+            return c
+        return int(list(perm).index(c))
+
+    def _ari_per_class(self, step: int, ok: list[int], labels_by_class) -> list[float | None]:
+        from sklearn.metrics import adjusted_rand_score
+
+        truth = [self._truth.get(cid, {}).get(step) for cid in ok]
+        if any(t is None for t in truth):
+            return []
+        return [float(adjusted_rand_score([self._class_meaning(t, c) for t in truth], labels))
+                for c, labels in enumerate(labels_by_class)]
+
+    def cluster_label(self, cid: int) -> int | None:
+        sig = self.signature.get(cid)
+        if sig is None:
+            return None
+        return self._sig_ids.setdefault(tuple(sig), len(self._sig_ids))
+
+    def num_clusters(self) -> int:
+        return max(1, len({tuple(s) for s in self.signature.values()}))
+
+    def round_metrics(self) -> dict[str, Any]:
+        out = super().round_metrics()
+        if self._partition:
+            out["clusters_per_class"] = [len(self._partition[c]) for c in sorted(self._partition)]
+            if len(self.clients) <= 50:
+                out["class_partitions"] = {str(c): p for c, p in self._partition.items()}
+        if self._class_ari:
+            out["class_ari"] = [round(a, 4) for a in self._class_ari]
+        out["rows_rejected"] = list(self._rejected_rows)
+        if self._lam:
+            out["mean_align_weight"] = float(np.mean(self._lam))
+        return out
+
+    def strategy_state(self) -> dict[str, Any]:
+        return {**super().strategy_state(),
+                "signature": {str(c): s for c, s in self.signature.items()}}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        super().load_strategy_state(state)
+        self.signature = {int(c): list(s) for c, s in state["signature"].items()}
+
+
+class FedRep(_GeneralisedEval):
+    name = "fedrep"
+    description = "FedRep: shared extractor, private classifier (1 epoch @0.1, then extractor)"
+    algo = "fedrep"
+    DEFAULTS = {"clf-lr": 0.1, "clf-epochs": 1, "ext-lr": 0.01, "ext-epochs": 5,
+                "batch-size": 64, "momentum": 0.9, "weight-decay": 1e-5}
+
+
+class FedBABU(_GeneralisedEval):
+    name = "fedbabu"
+    description = "FedBABU: classifier frozen at its init, extractor averaged; fine-tune to evaluate"
+    algo = "fedbabu"
+    DEFAULTS = {"ext-lr": 0.01, "ext-epochs": 5, "ft-lr": 0.01, "ft-epochs": 5,
+                "batch-size": 64, "momentum": 0.9, "weight-decay": 1e-5}
+
+    def __init__(self, experiment) -> None:
+        super().__init__(experiment)
+        _check(self.h["ft-epochs"] >= 0, f"fedbabu.ft-epochs must be >= 0, got {self.h['ft-epochs']}")
+
+
+class Flash(_GeneralisedEval):
+    name = "flash"
+    description = "Flash: client early stopping on validation loss, drift-aware adaptive server optimiser"
+    algo = "flash"
+    needs_head = False
+    DEFAULTS = {"lr": 0.01, "epochs": 5, "threshold": 0.004, "eta-g": 0.01, "beta1": 0.9,
+                "beta2": 0.99, "tau": 1e-3, "batch-size": 64, "momentum": 0.9,
+                "weight-decay": 1e-5}
+
+    def __init__(self, experiment) -> None:
+        super().__init__(experiment)
+        for key in ("beta1", "beta2"):
+            _check(0 <= self.h[key] < 1, f"flash.{key} must be in [0, 1), got {self.h[key]}")
+        _check(self.h["threshold"] >= 0, f"flash.threshold must be >= 0, got {self.h['threshold']}")
+        self.m: list[np.ndarray] | None = None
+        self.v: list[np.ndarray] | None = None
+        self.delta: list[np.ndarray] | None = None
+
+    def client_config(self, cid: int) -> dict[str, Any]:
+        h = self.h
+        return {C.ALGO: "flash", "ccfa-ext-lr": h["lr"], "ccfa-ext-epochs": h["epochs"],
+                "ccfa-flash-threshold": h["threshold"], "ccfa-batch-size": h["batch-size"],
+                "ccfa-momentum": h["momentum"], "ccfa-weight-decay": h["weight-decay"]}
+
+    def on_train_replies(self, step: int, replies: list[Reply]) -> None:
+        items = self.collect_updates(replies).get(self.gid, [])
+        if not items or sum(w for _, w in items) <= 0:
+            return
+        w = [a.astype(np.float64) for a in self.models[self.gid]]
+        avg = weighted_average(items)
+        delta = [a.astype(np.float64) - b for a, b in zip(avg, w)]
+        h = self.h
+        b1, b2, tau, eta = h["beta1"], h["beta2"], h["tau"], h["eta-g"]
+        if self.m is None:
+            self.m = [np.zeros_like(a) for a in w]
+            self.v = [np.full_like(a, tau ** 2) for a in w]
+            self.delta = [np.zeros_like(a) for a in w]
+        new = []
+        for i, d in enumerate(delta):
+            self.m[i] = b1 * self.m[i] + (1 - b1) * d
+            v_old = self.v[i]
+            self.v[i] = b2 * v_old + (1 - b2) * d * d
+            b3 = np.abs(v_old) / (np.abs(d * d - self.v[i]) + np.abs(v_old))
+            self.delta[i] = b3 * self.delta[i] + (1 - b3) * (d * d - self.v[i])
+            new.append((w[i] + eta * self.m[i] / (np.sqrt(self.v[i]) - self.delta[i] + tau))
+                       .astype(np.float32))
+        self.models[self.gid] = new
+
+    def strategy_state(self) -> dict[str, Any]:
+        st = super().strategy_state()
+        if self.m is not None:
+            st["opt"] = {k: [a.tolist() for a in getattr(self, k)] for k in ("m", "v", "delta")}
+        return st
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        super().load_strategy_state(state)
+        if "opt" in state:
+            for k in ("m", "v", "delta"):
+                setattr(self, k, [np.asarray(a, np.float64) for a in state["opt"][k]])
+

@@ -1,0 +1,91 @@
+"""FedCCFA's named drift patterns on the digits (fedccfa.md 1.2), registered as scenarios.
+
+``digits-swap`` (sudden: every group swaps at the drift step) and ``digits-static`` (no drift)
+come with the built-in image families; this module adds ``digits-swap-incremental`` (G1 swaps
+1<->2 at the drift step, G2 3<->4 one step later, G3 5<->6 two steps later) and
+``digits-swap-recurring`` (every group swaps at the drift step and swaps back, i.e. returns to
+the original labels, half-way through the remaining steps). Both are ``digits-swap`` with the
+matching ``drift-pattern``; the same patterns work on ``mnist-swap``, ``fmnist-swap`` and
+``cifar10-swap`` through the run-config key ``drift-pattern``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedcluster_app.core.data.drift import ClassRealisation
+from fedcluster_app.core.data.scenarios import _PARAM_NAMES, Scenario, build_scenario
+
+
+def _variant(pattern: str):
+    def build(**kwargs):
+        given = str(kwargs.get("drift_pattern", "") or "").strip().lower()
+        if given and given not in (pattern, "reoccurring" if pattern == "recurring" else pattern):
+            raise ValueError(f"scenario digits-swap-{pattern} fixes drift-pattern = {pattern!r}; "
+                             f"got {given!r} (use digits-swap with drift-pattern instead)")
+        return build_scenario("digits-swap", **{**kwargs, "drift_pattern": pattern})
+
+    build.__name__ = f"build_digits_swap_{pattern}"
+    return build
+
+
+# --------------------------------------------------------------------------- the paper's partition
+
+MIN_TRAIN_PER_CLASS = 5   # fedccfa.md 4.2: every client holds >= 5 training samples of every class
+MIN_TEST_PER_CLASS = 2    # ... and >= 2 test samples of every class in its personalised split
+
+
+class MinPerClassRealisation(ClassRealisation):
+    """A :class:`ClassRealisation` whose every (client, step) sample holds at least ``k`` items
+    of every class (5 for training, 2 for testing), the rest drawn from the client's Dirichlet
+    prior: the spec's partition (4.2) on a stream. With fewer than ``k x C`` samples it falls
+    back to the plain prior draw."""
+
+    def __init__(self, base: ClassRealisation, k_train: int = MIN_TRAIN_PER_CLASS,
+                 k_test: int = MIN_TEST_PER_CLASS) -> None:
+        super().__init__(base.source, base.concepts, base.priors)
+        self.k_train, self.k_test = int(k_train), int(k_test)
+
+    def draw_labels(self, concept, n, rng, *, client, train):
+        k = self.k_train if train else self.k_test
+        present = np.flatnonzero(self.source.present(train))
+        if k <= 0 or n < k * len(present):
+            return super().draw_labels(concept, n, rng, client=client, train=train)
+        p = self.class_prior(concept, client, train)
+        y_true = np.concatenate([np.repeat(present, k),
+                                 rng.choice(self.num_classes, size=n - k * len(present), p=p)])
+        y_true = y_true[rng.permutation(n)].astype(np.int64)
+        return y_true
+
+
+def build_digits_ccfa(**kwargs) -> Scenario:
+    """``digits-swap`` (any drift-pattern, default sudden) with the spec's 5-per-class minimum."""
+    pattern = str(kwargs.get("drift_pattern", "") or "sudden")
+    base = build_scenario("digits-swap", **{**kwargs, "drift_pattern": pattern})
+    params = dict(base.params, name="digits-ccfa", drift_pattern=kwargs.get("drift_pattern", ""))
+    params = {**params, **{k: kwargs[k] for k in kwargs}}
+    return Scenario(
+        name="digits-ccfa",
+        description=base.description.replace("scikit-learn 8x8 digits", "digits-ccfa"),
+        matrix=base.concept_matrix(),
+        realisation_factory=lambda: MinPerClassRealisation(base.realisation),
+        num_classes=base.num_classes, input_shape=base.input_shape, model=base.model,
+        hidden=base.hidden, data_seed=base.data_seed, samples_per_step=base.samples_per_step,
+        test_samples=base.test_samples, drift_pattern=base.drift_pattern,
+        drift_step=base.drift_step, dirichlet_alpha=base.dirichlet_alpha,
+        concept_labels=list(base.concept_labels),
+        params=tuple(params.get(k, "digits-ccfa" if k == "name" else "") for k in _PARAM_NAMES),
+    )
+
+
+#: (name, one-line description, builder) of every scenario of this family
+SCENARIOS = [
+    ("digits-swap-incremental", "scikit-learn 8x8 digits; FedCCFA's incremental label swaps: G1 "
+     "at the drift step, G2 one step later, G3 two steps later", _variant("incremental")),
+    ("digits-swap-recurring", "scikit-learn 8x8 digits; FedCCFA's reoccurring label swaps: all "
+     "groups swap at the drift step and swap back later", _variant("recurring")),
+    ("digits-ccfa", "scikit-learn 8x8 digits with FedCCFA's partition (>= 5 training / 2 test "
+     "samples of every class per client and step, the rest by Dirichlet skew) and label swaps "
+     "by group; drift-pattern none | sudden (default) | incremental | recurring",
+     build_digits_ccfa),
+]

@@ -1,0 +1,235 @@
+"""FedRC (Guo et al., ICML 2024) and FedEM (Marfoq et al. 2021): soft clustering in which every
+client trains all K models with per-sample weights (spec ``fedrc.md`` 2).
+
+The server keeps K models, every client's cluster weights omega (``ClientRecord.soft``: they go
+down in the message and come back updated, so nothing is lost when a client restarts), the last
+class-by-cluster mass S_c every client reported, and FedRC's label-frequency estimates
+
+    P~[k, y] = A[k, y] / sum_y' A[k, y'],   A[k, y] = max(sum_c S_c[k, y], 1e-8)
+
+over the latest S_c of every client ever seen (the authors' code). Each model is the FedAvg of
+the clients' trained copies with weights N_c (not omega: spec 7.9). FedEM is FedRC with P~ fixed
+to uniform, the one place the two differ.
+
+Variants (``[tool.flwr.app.config.fedrc]``, shared by both): test-time hard clustering
+(``hard-test``, TeHC), training-time hard clustering (``hard-train``, TrHC), removal of clusters
+whose share of the sample mass falls below ``prune-threshold`` once the weights have converged
+(adaptive FedRC, spec 2.9.2), an omega floor and Gaussian noise on S_c (label privacy).
+Held-out clients estimate omega by EM on their labelled adaptation split, then predict with the
+mixture (spec 2.7).
+"""
+
+from __future__ import annotations
+
+import math
+from logging import INFO
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.common.logger import log
+
+from fedcluster_app.core import wire as P
+from fedcluster_app.families.fedrc import client as C
+from fedcluster_app.core.config import ConfigError
+from fedcluster_app.core.strategy import ClusteredStrategy, RejectedReply, Reply, Task
+
+MASS_FLOOR = 1e-8           # A[k, y] is clamped here before normalising (code)
+OMEGA_SUM_TOL = 1e-4        # a reply's omega must sum to 1 within this
+
+
+class FedRC(ClusteredStrategy):
+    name = "fedrc"
+    description = ("FedRC: soft clustering, every client trains all K models with robust "
+                   "per-sample weights (label-frequency correction)")
+    message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: C.TRAIN_KIND, P.EVALUATE: C.EVAL_KIND}
+    label_correction: ClassVar[bool] = True          # False: FedEM
+    HPARAMS: ClassVar[dict[str, Any]] = {
+        "prune-threshold": 0.0, "prune-warmup": 20, "prune-tol": 1e-3, "prune-every-round": False,
+        "hard-test": False, "hard-train": False, "test-use-label-prior": True, "em-iters": 50,
+        "em-tol": 1e-4, "omega-floor": 0.0, "mass-noise": 0.0,
+    }
+
+    def __init__(self, experiment) -> None:
+        super().__init__(experiment)
+        self.hp = self.checked_hparams(self.HPARAMS, "fedrc")   # one table for fedrc and fedem
+        self.prune_threshold = self._number("prune-threshold")
+        if not 0.0 <= self.prune_threshold < 1.0:
+            raise ConfigError(f"fedrc.prune-threshold must be in [0, 1) (0 = never remove a "
+                              f"cluster), got {self.prune_threshold}")
+        for key in ("prune-warmup", "em-iters"):
+            v = self.hp[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "em-iters" else 0):
+                raise ConfigError(f"fedrc.{key} must be an integer >= "
+                                  f"{1 if key == 'em-iters' else 0}, got {v!r}")
+        for key in ("prune-tol", "em-tol", "mass-noise"):
+            if self._number(key) < 0:
+                raise ConfigError(f"fedrc.{key} must be >= 0, got {self.hp[key]}")
+        if not 0.0 <= self._number("omega-floor") < 1.0 / self.cfg.num_clusters:
+            raise ConfigError(f"fedrc.omega-floor must be in [0, 1/K) = [0, "
+                              f"{1.0 / self.cfg.num_clusters:.4g}), got {self.hp['omega-floor']}")
+        self.num_classes = experiment.scenario.num_classes
+        self.prior = np.full((0, self.num_classes), 1.0 / self.num_classes)   # K x C, by sorted id
+        self.mass_cache: dict[int, np.ndarray] = {}   # cid -> last S_c (K x C, by sorted id)
+        self.omega_change: float | None = None         # largest |delta omega| of the last round
+        self.pruned: list[dict[str, Any]] = []         # {"round", "model", "mass"}
+
+    def _number(self, key: str) -> float:
+        v = self.hp[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ConfigError(f"fedrc.{key} must be a finite number, got {v!r}")
+        return float(v)
+
+    # ---------------------------------------------------------------- hooks
+    def on_start(self) -> None:
+        k = self.cfg.num_clusters
+        for j in range(k):
+            self.new_model(self.initial_weights(salt=j))   # distinct seeds per cluster (7.20)
+        self.prior = np.full((k, self.num_classes), 1.0 / self.num_classes)
+        for cid in self.clients:
+            self.on_new_client(cid)
+
+    def on_new_client(self, cid: int) -> None:
+        ids = sorted(self.models)
+        self.clients[cid].soft = {m: 1.0 / len(ids) for m in ids}
+
+    def omega(self, cid: int) -> list[float]:
+        soft = self.clients[cid].soft or {}
+        return [float(soft.get(m, 0.0)) for m in sorted(self.models)]
+
+    def common_config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {}
+        if self.label_correction:
+            cfg[C.PRIOR] = self.prior.ravel().tolist()
+        if self.hp["hard-train"]:
+            cfg[C.HARD_TRAIN] = True
+        if self._number("omega-floor") > 0:
+            cfg[C.OMEGA_FLOOR] = self._number("omega-floor")
+        if self._number("mass-noise") > 0:
+            cfg[C.MASS_NOISE] = self._number("mass-noise")
+        return cfg
+
+    def plan_train(self, step: int) -> dict[int, Task]:
+        ids, common = sorted(self.models), self.common_config()
+        return {cid: Task(models=ids, config={**common, C.OMEGA: self.omega(cid)})
+                for cid in self.sample(self.training_clients(), self.cfg.fraction_train)}
+
+    def check_reply(self, kind: str, reply: Reply) -> None:
+        if kind != C.TRAIN_KIND:
+            return
+        k, c = len(self.models), self.num_classes
+        omega = np.asarray(reply.metrics.get(C.OMEGA_REPLY, []), dtype=np.float64)
+        if omega.shape != (k,):
+            raise RejectedReply(f"cluster weights have {omega.size} entries, expected K = {k}")
+        if (omega < 0).any() or abs(float(omega.sum()) - 1.0) > OMEGA_SUM_TOL:
+            raise RejectedReply(f"cluster weights must be >= 0 and sum to 1, got "
+                                f"{np.round(omega, 6).tolist()} (sum {omega.sum():.6f})")
+        mass = np.asarray(reply.metrics.get(C.MASS, []), dtype=np.float64)
+        if mass.size != k * c:
+            raise RejectedReply(f"class-by-cluster mass has {mass.size} entries, expected "
+                                f"K x C = {k} x {c}")
+        if sorted(reply.models) != sorted(self.models):
+            raise RejectedReply(f"returned models {sorted(reply.models)}, expected all of "
+                                f"{sorted(self.models)}")
+
+    def on_train_replies(self, step: int, replies: list[Reply]) -> None:
+        super().on_train_replies(step, replies)        # each model: FedAvg with weights N_c
+        ids, change = sorted(self.models), 0.0
+        for r in replies:
+            omega = np.asarray(r.metrics[C.OMEGA_REPLY], dtype=np.float64)
+            change = max(change, float(np.abs(omega - self.omega(r.cid)).max()))
+            self.clients[r.cid].soft = {m: float(w) for m, w in zip(ids, omega)}
+            self.mass_cache[r.cid] = np.asarray(r.metrics[C.MASS], np.float64).reshape(len(ids), -1)
+        self.omega_change = change if replies else None
+        if self.label_correction and self.mass_cache:
+            self.prior = label_prior(list(self.mass_cache.values()))
+        self.maybe_prune()
+
+    # ---------------------------------------------------------------- adaptive number of clusters
+    def cluster_mass(self) -> np.ndarray:
+        """Share of the total sample mass of each model (sorted ids), from the cached S_c."""
+        if not self.mass_cache:
+            return np.full(len(self.models), 1.0 / max(len(self.models), 1))
+        total = np.maximum(sum(s.sum(axis=1) for s in self.mass_cache.values()), 0.0)
+        return total / total.sum() if total.sum() > 0 else np.full(len(total), 1.0 / len(total))
+
+    def maybe_prune(self) -> None:
+        if self.prune_threshold <= 0 or self.round <= int(self.hp["prune-warmup"]):
+            return
+        converged = self.omega_change is not None and self.omega_change < self._number("prune-tol")
+        if not (converged or self.hp["prune-every-round"]):
+            return
+        ids, mass = sorted(self.models), self.cluster_mass()
+        drop = [j for j in range(len(ids)) if mass[j] < self.prune_threshold]
+        if len(drop) == len(ids):                   # never remove every model
+            drop.remove(int(np.argmax(mass)))
+        if not drop:
+            return
+        keep = [j for j in range(len(ids)) if j not in drop]
+        for j in drop:
+            self.delete_model(ids[j])
+            self.pruned.append({"round": self.round, "model": ids[j], "mass": float(mass[j])})
+            log(INFO, "round %d: fedrc removed cluster model %d (mass share %.4f < %.4f)",
+                self.round, ids[j], mass[j], self.prune_threshold)
+        self.prior = self.prior[keep]
+        self.prior /= self.prior.sum(axis=1, keepdims=True)
+        self.mass_cache = {c: s[keep] for c, s in self.mass_cache.items()}
+        for rec in self.clients.values():           # renormalise omega over what is left
+            if rec.soft:
+                total = sum(rec.soft.values())
+                rec.soft = ({m: w / total for m, w in rec.soft.items()} if total > 0
+                            else {m: 1.0 / len(self.models) for m in self.models})
+
+    # ---------------------------------------------------------------- evaluation
+    def eval_task(self, cid: int) -> Task | None:
+        if cid not in self.mass_cache:    # never trained (partial participation): it has no
+            return self.global_eval_task(cid)   # omega yet, so it estimates one as a newcomer
+        if not self.hp["hard-test"]:
+            return super().eval_task(cid)             # the omega-mixture
+        return Task(models=[self.cluster_label(cid)])  # TeHC: the argmax-omega model
+
+    def global_eval_task(self, cid: int) -> Task | None:
+        config: dict[str, Any] = {C.ESTIMATE: True, C.EM_ITERS: int(self.hp["em-iters"]),
+                                  C.EM_TOL: self._number("em-tol")}
+        if self.label_correction and self.hp["test-use-label-prior"]:
+            config[C.PRIOR] = self.prior.ravel().tolist()
+        if self.hp["hard-test"]:
+            config[C.HARD_TEST] = True
+        return Task(models=sorted(self.models), config=config)
+
+    def num_clusters(self) -> int:
+        return len(self.models)
+
+    def round_metrics(self) -> dict[str, Any]:
+        return {"omega_change": self.omega_change,
+                "cluster_mass": [round(float(m), 6) for m in self.cluster_mass()]}
+
+    def summary_extra(self) -> dict[str, Any]:
+        ids = sorted(self.models)
+        return {"model_ids": ids, "label_prior": np.round(self.prior, 6).tolist(),
+                "cluster_mass_final": [round(float(m), 6) for m in self.cluster_mass()],
+                "pruned": self.pruned}
+
+    # ---------------------------------------------------------------- checkpoint
+    def strategy_state(self) -> dict[str, Any]:
+        return {"prior": self.prior.tolist(), "omega_change": self.omega_change,
+                "mass_cache": {str(c): s.tolist() for c, s in self.mass_cache.items()},
+                "pruned": self.pruned}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        self.prior = np.asarray(state["prior"], dtype=np.float64).reshape(-1, self.num_classes)
+        self.omega_change = state["omega_change"]
+        self.mass_cache = {int(c): np.asarray(s, np.float64) for c, s in state["mass_cache"].items()}
+        self.pruned = list(state["pruned"])
+
+
+class FedEM(FedRC):
+    name = "fedem"
+    description = "FedEM: soft clustering, every client trains all K models (FedRC without P~)"
+    label_correction = False
+
+
+def label_prior(masses: list[np.ndarray]) -> np.ndarray:
+    """P~ (K x C) from clients' class-by-cluster masses: clamped column sums, rows normalised."""
+    a = np.maximum(np.sum(masses, axis=0), MASS_FLOOR)
+    return a / a.sum(axis=1, keepdims=True)
+

@@ -1,0 +1,134 @@
+"""Auxo-style baseline (fielding.md section 6.2, simplified as the spec allows [ext]).
+
+Continuous re-clustering of *only the clients sampled for training*, from their training outputs
+(no extra communication): it starts with one cohort; after each round every participant's model
+update dw_i = w_i - c^(k) is compared with every cohort's mean update (cosine similarity) and the
+participant joins the most similar cohort; every ``split-every`` rounds a cohort whose
+participants' updates are spread out (mean cosine distance to their mean update above
+``split-threshold``) is split in two by 2-means on the update directions, the new cohort starting
+from a copy of the cohort's model. Drifted clients that were not sampled keep stale assignments;
+every sampled client may be reassigned every round (the churn the paper describes). Training uses
+the same per-cohort budget as Fielding (floor(M/K) sampled members per cohort) and uniform
+averaging. Hyper-parameters: ``[tool.flwr.app.config.auxo]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fedcluster_app.core.config import ConfigError
+from fedcluster_app.families.fielding import clustering as core
+from fedcluster_app.core.strategy import ClusteredStrategy, Reply, Task, weighted_average
+from fedcluster_app.families.fielding.fielding import sample_clusters, split_budget
+
+
+def _flat(weights: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in weights])
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(v)
+    return v / n if n > 0 else v
+
+
+class Auxo(ClusteredStrategy):
+    name = "auxo"
+    description = ("Auxo-style: sampled clients re-join the cohort with the most similar mean "
+                   "update every round; cohorts split by 2-means on spread-out updates")
+
+    def __init__(self, experiment) -> None:
+        super().__init__(experiment)
+        h = self.hparams()
+
+        def num(key: str, default: float, lo: float, hi: float = math.inf, integer=False):
+            value = h.get(key, default)
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"auxo.{key} must be a number, got {value!r}") from None
+            if math.isnan(v) or not lo <= v <= hi or (integer and not v.is_integer()):
+                kind = "an integer" if integer else "a number"
+                raise ConfigError(f"auxo.{key} must be {kind} in [{lo}, {hi}], got {value!r}")
+            return int(v) if integer else v
+
+        self.participants = num("participants", 0, 0, integer=True)
+        self.split_threshold = num("split-threshold", 0.5, 0.0, 2.0)
+        self.min_split = num("min-split", 4, 2, integer=True)
+        self.max_cohorts = num("max-cohorts", 10, 1, integer=True)
+        self.split_every = num("split-every", 1, 1, integer=True)
+        self.mean_update: dict[int, np.ndarray] = {}
+        self.splits = 0
+        self.events: dict[str, Any] = {}
+
+    def plan_train(self, step: int) -> dict[int, Task]:
+        self.events = {}
+        sizes = {m: len(self.members(m)) for m in self.clusters_in_use()}
+        n = sum(sizes.values())
+        total = self.participants or max(1, math.ceil(self.cfg.fraction_train * n))
+        return sample_clusters(self, split_budget(sizes, total, "floor"))
+
+    def on_train_replies(self, step: int, replies: list[Reply]) -> None:
+        updates: dict[int, np.ndarray] = {}
+        by_cohort: dict[int, list[int]] = {}
+        for r in replies:
+            for mid, w in r.models.items():
+                updates[r.cid] = _flat(w) - _flat(self.models[mid])
+                by_cohort.setdefault(mid, []).append(r.cid)
+        for mid, items in self.collect_updates(replies).items():
+            self.models[mid] = weighted_average([(w, 1.0) for w, _ in items])
+            self.mean_update[mid] = np.mean([updates[c] for c in by_cohort[mid]], axis=0)
+        if self.round % self.split_every == 0:
+            for mid in sorted(by_cohort):
+                if len(self.models) >= self.max_cohorts:
+                    break
+                self.maybe_split(mid, by_cohort[mid], updates)
+        # every participant joins the cohort whose mean update is most similar to its own
+        ids = sorted(m for m in self.mean_update if m in self.models)
+        moves = 0
+        if len(ids) > 1:
+            means = np.stack([_unit(self.mean_update[m]) for m in ids])
+            for cid in sorted(updates):
+                best = ids[int(np.argmax(means @ _unit(updates[cid])))]
+                if self.clients[cid].cluster != best:
+                    self.assign(cid, best)
+                    moves += 1
+        for mid in list(self.models):
+            if len(self.models) > 1 and not self.members(mid):
+                self.delete_model(mid)
+                self.mean_update.pop(mid, None)
+        self.events.update(auxo_moves=moves, auxo_splits=self.splits)
+
+    def maybe_split(self, mid: int, cids: list[int], updates: dict[int, np.ndarray]) -> None:
+        if len(cids) < self.min_split:
+            return
+        vecs = np.stack([_unit(updates[c]) for c in cids])
+        center = _unit(vecs.mean(0))
+        spread = float(np.mean(1.0 - vecs @ center))
+        if spread <= self.split_threshold:
+            return
+        pts = core.Points(vecs, "cosine")
+        res = core.kmeans(pts, 2, 3, np.random.default_rng([self.cfg.seed, self.round, mid]))
+        if len(res.centers) < 2:
+            return
+        new = self.new_model([a.copy() for a in self.models[mid]])
+        half = [c for c, lab in zip(cids, res.labels) if lab == 1]
+        for c in half:
+            self.assign(c, new)
+        self.mean_update[new] = np.mean([updates[c] for c in half], axis=0)
+        self.mean_update[mid] = np.mean([updates[c] for c, lab in zip(cids, res.labels) if lab == 0],
+                                        axis=0)
+        self.splits += 1
+
+    def round_metrics(self) -> dict[str, Any]:
+        return dict(self.events)
+
+    def strategy_state(self) -> dict[str, Any]:
+        return {"mean_update": {str(k): v.tolist() for k, v in self.mean_update.items()},
+                "splits": self.splits}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        self.mean_update = {int(k): np.asarray(v) for k, v in state["mean_update"].items()}
+        self.splits = int(state["splits"])

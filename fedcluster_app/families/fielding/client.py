@@ -1,0 +1,143 @@
+"""Client side of Fielding (fielding.md sections 2.2, 2.4, 2.9 and 9).
+
+Message kind registered here: ``query.fielding_rep``. The client computes the representation of
+its current training window, runs its own drift test against ``r_last`` (the last representation
+it reported, kept in ``context.state``) and replies
+
+* ``fielding.drifted`` = 1 and ``fielding.rep`` = r_now when rho(r_now, r_last) > eps_drift, or when
+  it registers (no ``r_last`` yet, or the server asks with ``fielding.register``): registration
+  always reports; it then sets ``r_last <- r_now``;
+* ``fielding.drifted`` = 0 and no vector otherwise.
+
+Representations (``fielding.rep``): ``label`` (p[y] = n(y)/n over the window), ``embedding`` (mean
+penultimate-layer features of the shared probe model) and ``gradient`` (gradient of the probe
+model's mean cross-entropy on the window: its last layer, or every layer with
+``fielding.grad-layers = "all"``). The probe model is broadcast once: the server attaches it to
+the query until the client has it, and the client keeps it in ``context.state``; a client that
+lost it answers ``fielding.probe-missing`` and gets it again.
+
+Malicious clients (test hook, section 2.9): the run-config key ``fielding.malicious-fraction``
+picks round(f * N) clients (a permutation seeded by the run seed); they report a randomly
+permuted vector whenever they register, keep their true vector as ``r_last`` and train honestly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord
+from torch.nn import functional as F
+
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.handlers import Models
+from fedcluster_app.core.models import scratch_model
+from fedcluster_app.families.fielding import clustering as core
+from fedcluster_app.core.training import as_tensor
+from fedcluster_app.core.stream_client import StreamClient
+
+KIND = "query.fielding_rep"
+
+# config keys the server sends
+REP = "fielding.rep"                  # label | embedding | gradient (also the reply key of r_now)
+METRIC = "fielding.metric"            # distance of the drift test
+EPS = "fielding.eps-drift"            # drift threshold
+REGISTER = "fielding.register"        # report r_now whatever the drift test says
+GRAD_LAYERS = "fielding.grad-layers"  # last | all
+# reply keys
+DRIFTED = "fielding.drifted"
+REGISTERED = "fielding.registered"
+PROBE_MISSING = "fielding.probe-missing"
+
+STATE_REP = "fielding.r-last"          # ArrayRecord: [r_last]
+STATE_PROBE = "fielding.probe"         # ArrayRecord: the probe model's weights
+STATE_INFO = "fielding.client"         # ConfigRecord: representation kind of r_last
+MALICIOUS_KEY = "fielding.malicious-fraction"
+REPRESENTATIONS = ("label", "embedding", "gradient")
+
+
+def malicious_clients(num_clients: int, fraction: float, seed: int) -> set[int]:
+    """The clients that lie at registration: the first round(f * N) of a seeded permutation."""
+    if fraction <= 0:
+        return set()
+    order = np.random.default_rng([seed, 0xBAD]).permutation(num_clients)
+    return {int(c) for c in order[: int(round(fraction * num_clients))]}
+
+
+def _window(client: StreamClient, config: dict) -> tuple[np.ndarray, np.ndarray]:
+    return client.train_data(int(config[P.STEP]))
+
+
+def label_vector(client: StreamClient, config: dict) -> np.ndarray:
+    hist = client.label_histogram(int(config[P.STEP])).astype(np.float64)
+    return hist / max(hist.sum(), 1.0)
+
+
+def embedding_vector(client: StreamClient, config: dict, probe: list[np.ndarray]) -> np.ndarray:
+    x, _ = _window(client, config)
+    model = scratch_model(client.exp.spec, probe)
+    model.eval()
+    with torch.no_grad():
+        feats = model.features(as_tensor(x))
+    return feats.mean(0).double().numpy()
+
+
+def gradient_vector(client: StreamClient, config: dict, probe: list[np.ndarray]) -> np.ndarray:
+    x, y = _window(client, config)
+    model = scratch_model(client.exp.spec, probe)
+    model.eval()
+    params = (list(model.classifier.parameters()) if config.get(GRAD_LAYERS, "last") == "last"
+              else list(model.parameters()))
+    model.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(as_tensor(x)), as_tensor(y, np.int64))
+    grads = torch.autograd.grad(loss, params)
+    return torch.cat([g.reshape(-1) for g in grads]).double().numpy()
+
+
+def representation(client: StreamClient, config: dict, probe: list[np.ndarray] | None) -> np.ndarray:
+    kind = str(config.get(REP, "label"))
+    if kind == "label":
+        return label_vector(client, config)
+    if probe is None:
+        raise ValueError(f"the {kind} representation needs the probe model")
+    if kind == "embedding":
+        return embedding_vector(client, config, probe)
+    if kind == "gradient":
+        return gradient_vector(client, config, probe)
+    raise ValueError(f"unknown representation {kind!r}; valid: {', '.join(REPRESENTATIONS)}")
+
+
+def report(client: StreamClient, config: dict, models: Models):
+    """Handler of ``query.fielding_rep`` (see the module docstring)."""
+    state = client.state
+    kind = str(config.get(REP, "label"))
+    probe = None
+    if models:  # the probe model, broadcast once
+        probe = models[min(models)]
+        state[STATE_PROBE] = P.pack_arrays(probe)
+    elif STATE_PROBE in state.array_records:
+        probe = P.unpack_arrays(state.array_records[STATE_PROBE])
+    if kind != "label" and probe is None:
+        return {PROBE_MISSING: 1, DRIFTED: 0}, {}, {}
+    r_now = representation(client, config, probe)
+    last = None
+    if STATE_REP in state.array_records and STATE_INFO in state.config_records \
+            and state.config_records[STATE_INFO].get("kind") == kind:
+        last = P.unpack_arrays(state.array_records[STATE_REP])[0]
+    registering = bool(config.get(REGISTER, False)) or last is None
+    metric = str(config.get(METRIC, "l1"))
+    drifted = registering or last.shape != r_now.shape or \
+        core.distance(r_now, last, metric) > float(config.get(EPS, 0.0))
+    if not drifted:
+        return {DRIFTED: 0}, {}, {}
+    state[STATE_REP] = P.pack_arrays([r_now.astype(np.float64)])
+    state[STATE_INFO] = ConfigRecord({"kind": kind})
+    sent = r_now
+    fraction = float(client.exp.cfg.raw.get(MALICIOUS_KEY, 0.0))
+    if registering and client.client_id in malicious_clients(
+            client.exp.scenario.num_clients, fraction, client.exp.cfg.seed):
+        perm = np.random.default_rng([client.exp.cfg.seed, client.client_id, 0xBAD]).permutation(len(r_now))
+        sent = r_now[perm]
+    return {DRIFTED: 1, REGISTERED: int(registering), REP: [float(v) for v in sent]}, {}, {}
+
+
+HANDLERS = {KIND: report}

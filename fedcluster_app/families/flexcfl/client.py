@@ -1,0 +1,70 @@
+"""Client side of FlexCFL (spec ``flexcfl.md`` 2.2/2.3): ``query.pretrain``.
+
+The server sends w0; the client runs ``pretrain-iters`` (50) mini-batch SGD steps from it on its
+current training data, with the run's batch size, optimizer and learning rate, reshuffling its
+data each time it is exhausted (the last partial batch of a pass is kept, as Keras does), and
+returns the pre-trained model under w0's id together with the label-count vector of the data it
+trained on (the reference counts of the migration test, section 2.4). The server computes
+``Delta = w_after - w0``. A client without training data returns no model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.models import get_weights, scratch_model
+from fedcluster_app.core.training import _optimizer, as_tensor
+from fedcluster_app.core.stream_client import StreamClient
+
+QUERY_PRETRAIN = "query.pretrain"
+PRETRAIN_ITERS = "pretrain-iters"
+PRETRAIN_MODEL_SALT = 7_777   # model-id offset of the pre-training minibatch stream
+
+
+def pretrain_batches(n: int, batch_size: int, iters: int, rng: np.random.Generator
+                     ) -> list[np.ndarray]:
+    """``iters`` minibatches: consecutive chunks of shuffled passes over the data."""
+    out: list[np.ndarray] = []
+    while len(out) < iters:
+        order = rng.permutation(n)
+        for i in range(0, n, batch_size):
+            out.append(order[i : i + batch_size])
+            if len(out) == iters:
+                break
+    return out
+
+
+def pretrain(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
+    if len(models) != 1:
+        raise ValueError(f"query.pretrain needs exactly one model (w0), got {len(models)}")
+    (mid, w0), = models.items()
+    step = int(config[P.STEP])
+    x, y = client.train_data(step)
+    hist = np.bincount(y, minlength=client.exp.scenario.num_classes).astype(np.int64)
+    metrics = {P.NUM_EXAMPLES: int(len(y)), P.HISTOGRAM: hist.tolist()}
+    if len(y) == 0:
+        return metrics, {}, {}
+    cfg = client.train_config(config)
+    iters = int(config.get(PRETRAIN_ITERS, 50))
+    model = scratch_model(client.exp.spec, w0)
+    rng = client.rng(int(config[P.ROUND]), PRETRAIN_MODEL_SALT + mid)
+    xt, yt = as_tensor(x), as_tensor(y, np.int64)
+    model.train()
+    opt = _optimizer(model, cfg)
+    total = 0.0
+    batches = pretrain_batches(len(y), cfg.batch_size, iters, rng)
+    for idx in batches:
+        idx_t = torch.from_numpy(idx)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(xt[idx_t]), yt[idx_t])
+        total += float(loss.detach())
+        loss.backward()
+        opt.step()
+    metrics[P.TRAIN_LOSS] = total / max(len(batches), 1)
+    return metrics, {mid: get_weights(model)}, {}
+
+
+HANDLERS = {QUERY_PRETRAIN: pretrain}
