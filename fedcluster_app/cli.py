@@ -8,7 +8,12 @@ import sys
 import tomllib
 from pathlib import Path
 
-from fedcluster_app.core.config import (ConfigError, default_run_config, merge_overrides, parse_assignment)
+from fedcluster_app.core.config import (
+    ConfigError,
+    default_run_config,
+    merge_overrides,
+    parse_assignment,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,9 +98,9 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fedcluster_app.api import strategy_class
     from fedcluster_app.core.experiment import load_experiment
     from fedcluster_app.server_app import resolve_out_dir
-    from fedcluster_app.api import strategy_class
 
     run_config = merge_overrides(default_run_config(), _overrides(args))
     # bad config fails here, before anything starts (a deployment's data live on its devices)
@@ -107,8 +112,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         summary = run_inprocess(run_config)
     else:
-        from fedcluster_app.launcher import run_on_deployment, run_with_flwr
         from fedcluster_app.core.results import load_run
+        from fedcluster_app.launcher import run_on_deployment, run_with_flwr
 
         if args.engine == "ray":
             run_with_flwr(run_config, exp.scenario.num_clients, federation=args.federation or "cpu")
@@ -126,9 +131,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from fedcluster_app.api import list_strategies
     from fedcluster_app.core.data import list_scenarios
     from fedcluster_app.launcher import load_profiles
-    from fedcluster_app.api import list_strategies
 
     sections = []
     if args.what in ("all", "strategies"):

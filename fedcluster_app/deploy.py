@@ -20,7 +20,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fedcluster_app.launcher import (_bin, connection_env, flwr_env, free_port, stop_process_group, wait_port)
+from fedcluster_app.launcher import (
+    _bin,
+    connection_env,
+    flwr_env,
+    free_port,
+    stop_process_group,
+    wait_port,
+)
 
 STATE_FILE = "deployment.json"
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord
 
-from fedcluster_app.core import wire as P
-from fedcluster_app.client_app import app as client_app
-from fedcluster_app.core.config import ConfigError
-from fedcluster_app.engine import run_inprocess
-from fedcluster_app.core.results import load_run
 from fedcluster_app.api import STRATEGIES
+from fedcluster_app.client_app import app as client_app
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.config import ConfigError
+from fedcluster_app.core.results import load_run
+from fedcluster_app.engine import run_inprocess
 
 
 class CountingApp:

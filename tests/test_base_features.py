@@ -8,13 +8,13 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.stream_client import COUNTERS_KEY, PERSONAL_KEY
 from fedcluster_app.core.config import default_run_config, merge_overrides
-from fedcluster_app.engine import InProcessGrid
 from fedcluster_app.core.experiment import load_experiment
-from fedcluster_app.core.results import RunRecorder, load_run
-from fedcluster_app.server_app import run_server
+from fedcluster_app.core.results import load_run
 from fedcluster_app.core.strategy import ClusteredStrategy, Task
+from fedcluster_app.core.stream_client import COUNTERS_KEY, PERSONAL_KEY
+from fedcluster_app.engine import InProcessGrid
+from fedcluster_app.server_app import run_server
 
 
 def setup(fast_config, strategy_cls, **overrides):
@@ -22,8 +22,7 @@ def setup(fast_config, strategy_cls, **overrides):
     exp = load_experiment(rc)
     grid = InProcessGrid(rc, exp.scenario.num_clients)
     strategy = strategy_cls(exp)
-    recorder = RunRecorder(rc["out-dir"], strategy="test", scenario=rc["scenario"], seed=0, config=rc)
-    return exp, grid, strategy, recorder
+    return exp, grid, strategy, rc["out-dir"]
 
 
 def test_queries_reach_every_client(fast_config):
@@ -58,10 +57,10 @@ class TwoModelsEach(ClusteredStrategy):
 
 
 def test_clients_train_several_models_in_one_round(fast_config):
-    _, grid, strategy, recorder = setup(fast_config, TwoModelsEach)
-    strategy.start(grid, recorder)
+    _, grid, strategy, out = setup(fast_config, TwoModelsEach)
+    strategy.run(grid, out)
     one_model = P.nbytes(P.build_content({0: ArrayRecord(strategy.models[0])}))  # as serialized
-    for r in recorder.rounds:
+    for r in load_run(out)[1]:
         assert r["trained_clients"] == 10
         assert r["bytes_up"] == 20 * one_model     # both models back from every client
     assert not np.allclose(strategy.models[0][0], strategy.models[1][0])
@@ -82,9 +81,9 @@ class SoftHalfHalf(ClusteredStrategy):
 
 
 def test_soft_assignments_evaluate_the_mixture(fast_config):
-    _, grid, strategy, recorder = setup(fast_config, SoftHalfHalf)
-    strategy.start(grid, recorder)
-    last = recorder.rounds[-1]
+    _, grid, strategy, out = setup(fast_config, SoftHalfHalf)
+    strategy.run(grid, out)
+    last = load_run(out)[1][-1]
     assert last["evaluated_clients"] == 10 and 0.0 <= last["accuracy"] <= 1.0
     assert [strategy.cluster_label(c) for c in range(10)] == [0] * 5 + [1] * 5
     assert last["ari"] == 1.0                    # the argmax clusters are clients 0-4 vs 5-9
@@ -121,8 +120,8 @@ def test_registry_create_merge_delete(fast_config):
 def test_clients_train_on_the_history_steps_and_test_on_the_step_they_are_told(fast_config):
     from flwr.app import RecordDict
 
-    from fedcluster_app.core.stream_client import StreamClient
     from fedcluster_app.core.models import initial_weights
+    from fedcluster_app.core.stream_client import StreamClient
 
     rc = merge_overrides(default_run_config(), fast_config(window=1))
     exp = load_experiment(rc)

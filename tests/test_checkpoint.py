@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.core.results import load_run
 from fedcluster_app.core.strategy import read_checkpoint
+from fedcluster_app.engine import InProcessGrid, run_inprocess
 
 
 class CrashingGrid(InProcessGrid):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from fedcluster_app.api import STRATEGIES
 from fedcluster_app.cli import main
 from fedcluster_app.core.config import ConfigError, parse_assignment
 from fedcluster_app.core.data import scenario_names
-from fedcluster_app.api import STRATEGIES
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = ROOT / "presets" / "quick.toml"

@@ -10,10 +10,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster_app.core.data import (DRIFT_PATTERNS, SCENARIO_NAMES, Scenario, StepData, build_scenario, bundled_schedule, bundled_schedule_names, incremental, list_scenarios, scenario_names, load_cp, recurring, staggered_random, sudden)
+from fedcluster_app.core.data import (
+    DRIFT_PATTERNS,
+    SCENARIO_NAMES,
+    Scenario,
+    StepData,
+    build_scenario,
+    bundled_schedule,
+    bundled_schedule_names,
+    incremental,
+    list_scenarios,
+    load_cp,
+    recurring,
+    scenario_names,
+    staggered_random,
+    sudden,
+)
 from fedcluster_app.core.data import scenarios as scen_mod
 from fedcluster_app.core.data.drift import FEDCCFA_SWAP_PAIRS, fedccfa_group
-from fedcluster_app.core.data.generators import (CIRCLE_CONCEPTS, SEA_THRESHOLDS, SeaConcept, digits_pools)
+from fedcluster_app.core.data.generators import (
+    CIRCLE_CONCEPTS,
+    SEA_THRESHOLDS,
+    SeaConcept,
+    digits_pools,
+)
 
 SHARED_CP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "feddrift-changepoints"
 OFFLINE = [n for n in SCENARIO_NAMES if n.split("-")[0] not in ("mnist", "fmnist", "cifar10")]
@@ -532,7 +552,12 @@ def test_torchvision_scenarios_need_data_dir(name):
 
 
 def test_registered_scenarios_are_listed_built_and_cached():
-    from fedcluster_app.core.data import (build_scenario, list_scenarios, register_scenario, scenario_names)
+    from fedcluster_app.core.data import (
+        build_scenario,
+        list_scenarios,
+        register_scenario,
+        scenario_names,
+    )
     from fedcluster_app.core.data.scenarios import _EXTRA
 
     calls = []

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
-from fedcluster_app.deploy import LocalDeployment, make_node_keys
-from fedcluster_app.launcher import run_on_deployment
 from fedcluster_app.core.results import load_run
 from fedcluster_app.core.strategy import read_checkpoint
+from fedcluster_app.deploy import LocalDeployment, make_node_keys
+from fedcluster_app.launcher import run_on_deployment
 
 pytestmark = pytest.mark.slow
 

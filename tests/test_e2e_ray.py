@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedcluster_app.engine import run_inprocess
 from fedcluster_app.core.results import load_run
+from fedcluster_app.engine import run_inprocess
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,18 +9,30 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message
 
-from fedcluster_app.core import wire as P
 from fedcluster_app.client_app import app as client_app
-from fedcluster_app.families.fedccfa import client as CC
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError, default_run_config, merge_overrides
 from fedcluster_app.core.data import build_scenario
 from fedcluster_app.core.data.drift import swap_permutation
-from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.core.experiment import load_experiment
-from fedcluster_app.server_app import run_server
 from fedcluster_app.core.strategy import ClientRecord, Reply
+from fedcluster_app.engine import InProcessGrid, run_inprocess
+from fedcluster_app.families.fedccfa import client as CC
+from fedcluster_app.families.fedccfa import wire as CW
+from fedcluster_app.families.fedccfa.classifiers import (
+    SWAP_PAIRS,
+    apply_swap,
+    connected_components,
+    dbscan_labels,
+    drift_recovery,
+    entropy_weight,
+    label_entropy,
+    madd,
+    swap_group,
+    swap_pair,
+)
 from fedcluster_app.families.fedccfa.fedccfa import FedBABU, FedCCFA, FedRep, Flash
-from fedcluster_app.families.fedccfa.classifiers import (SWAP_PAIRS, apply_swap, connected_components, dbscan_labels, drift_recovery, entropy_weight, label_entropy, madd, swap_group, swap_pair)
+from fedcluster_app.server_app import run_server
 
 TINY = {
     "scenario": "digits-swap", "model": "mlp", "hidden": 16, "num-steps": 2,
@@ -218,24 +230,24 @@ def test_server_clusters_per_class_and_averages_rows_and_anchors(tmp_path):
     assert s._partition[0] == [[0, 1, 2, 3, 4]]
     # class 1 of client 0: mean of the personal rows of 0, 1, 2; anchor mean of 0 and 2 only
     p0 = s.pending[0]
-    classes = p0[CC.PENDING_CLASSES]
-    rows = np.asarray(p0[CC.PENDING_ROWS]).reshape(len(classes), d + 1)
+    classes = p0[CW.PENDING_CLASSES]
+    rows = np.asarray(p0[CW.PENDING_ROWS]).reshape(len(classes), d + 1)
     r1 = rows[classes.index(1)]
     want = np.mean([np.concatenate([extras[k][2][1], [extras[k][3][1]]]) for k in (0, 1, 2)], 0)
     np.testing.assert_allclose(r1, want, rtol=1e-5, atol=1e-6)
-    anchor_classes = p0[CC.PENDING_ANCHOR_CLASSES]
-    anc = np.asarray(p0[CC.PENDING_ANCHORS]).reshape(len(anchor_classes), d)
+    anchor_classes = p0[CW.PENDING_ANCHOR_CLASSES]
+    anc = np.asarray(p0[CW.PENDING_ANCHORS]).reshape(len(anchor_classes), d)
     np.testing.assert_allclose(anc[anchor_classes.index(1)],
                                np.mean([extras[k][4][1] for k in (0, 2)], 0), rtol=1e-5, atol=1e-6)
     # singleton: client 0 gets nothing for class 4 (keeps its own row and anchor)
     assert 4 not in classes and 4 not in anchor_classes
-    assert 4 in s.pending[1][CC.PENDING_CLASSES]
-    assert p0[CC.PENDING_ROUND] == 3
+    assert 4 in s.pending[1][CW.PENDING_CLASSES]
+    assert p0[CW.PENDING_ROUND] == 3
     # fewer than 3 usable replies: no clustering, nothing shared
     s.round = 4
     s._extras = {c: s._extras[c] for c in (0, 1)}
     s.on_train_replies(2, replies[:2])
-    assert s.pending[0] == {CC.PENDING_ROUND: 4} and s._partition == {}
+    assert s.pending[0] == {CW.PENDING_ROUND: 4} and s._partition == {}
 
 
 # ------------------------------------------------------------------------------- runs
@@ -244,8 +256,8 @@ def corrupting_app(bad: dict[int, str]):
     def app(msg: Message, ctx):
         reply = client_app(msg, ctx)
         cid = int(ctx.node_config["partition-id"])
-        key = f"{P.EXTRA_PREFIX}{CC.EXTRA}"
-        if cid in bad and msg.metadata.message_type == CC.TRAIN_KIND and not reply.has_error():
+        key = f"{P.EXTRA_PREFIX}{CW.EXTRA}"
+        if cid in bad and msg.metadata.message_type == CW.TRAIN_KIND and not reply.has_error():
             arrays = reply.content.array_records[key].to_numpy_ndarrays()
             if bad[cid] == "nan":
                 arrays[2] = arrays[2].copy()
@@ -288,15 +300,15 @@ def test_personal_classifier_survives_across_rounds_in_context_state(tmp_path):
     def spy(msg: Message, ctx):
         cid = int(ctx.node_config["partition-id"])
         before = None
-        if cid == 2 and msg.metadata.message_type == CC.TRAIN_KIND:
+        if cid == 2 and msg.metadata.message_type == CW.TRAIN_KIND:
             if CC.STATE_CLASSIFIER in ctx.state.array_records:
                 before = ctx.state.array_records[CC.STATE_CLASSIFIER].to_numpy_ndarrays()
         reply = client_app(msg, ctx)
-        if cid == 2 and msg.metadata.message_type == CC.TRAIN_KIND:
-            arrays = reply.content.array_records[f"{P.EXTRA_PREFIX}{CC.EXTRA}"].to_numpy_ndarrays()
+        if cid == 2 and msg.metadata.message_type == CW.TRAIN_KIND:
+            arrays = reply.content.array_records[f"{P.EXTRA_PREFIX}{CW.EXTRA}"].to_numpy_ndarrays()
             rnd = int(msg.content.config_records[P.CONFIG][P.ROUND])
             seen[rnd] = (before, arrays[2:4], dict(msg.content.config_records[P.CONFIG]),
-                         int(reply.content.metric_records[P.METRICS][CC.PERSONAL_AGE]))
+                         int(reply.content.metric_records[P.METRICS][CW.PERSONAL_AGE]))
         return reply
 
     rc = merge_overrides(default_run_config(), tiny(tmp_path, strategy="fedccfa",
@@ -312,8 +324,8 @@ def test_personal_classifier_survives_across_rounds_in_context_state(tmp_path):
         # what the client held = its previous personal classifier, with the cluster rows the
         # server sent for the classes where it shared a cluster
         w_exp, b_exp = w_prev.copy(), b_prev.copy()
-        classes = [int(c) for c in config.get(CC.PENDING_CLASSES, [])]
-        rows = np.asarray(config.get(CC.PENDING_ROWS, []), np.float32).reshape(len(classes), -1)
+        classes = [int(c) for c in config.get(CW.PENDING_CLASSES, [])]
+        rows = np.asarray(config.get(CW.PENDING_ROWS, []), np.float32).reshape(len(classes), -1)
         for c, row in zip(classes, rows):
             w_exp[c], b_exp[c] = row[:-1], row[-1]
         np.testing.assert_allclose(before[0], w_exp, rtol=1e-6, atol=1e-6)
@@ -357,12 +369,10 @@ def test_baselines_run(tmp_path, strategy):
 def test_fedbabu_keeps_the_classifier_at_its_init(tmp_path):
     rc = merge_overrides(default_run_config(), tiny(tmp_path, strategy="fedbabu"))
     from fedcluster_app.api import build_strategy
-    from fedcluster_app.core.results import RunRecorder
 
     s = build_strategy(load_experiment(rc))
     init = [a.copy() for a in s.initial_weights()]
-    grid = InProcessGrid(rc, 10)
-    s.start(grid, RunRecorder(rc["out-dir"], strategy="fedbabu", scenario=rc["scenario"], seed=0, config=rc))
+    s.run(InProcessGrid(rc, 10), rc["out-dir"])
     np.testing.assert_array_equal(s.models[0][-1], init[-1])
     np.testing.assert_array_equal(s.models[0][-2], init[-2])
     assert not np.allclose(s.models[0][0], init[0])
@@ -406,7 +416,7 @@ def test_checkpoint_keeps_the_strategy_state(tmp_path, strategy_cls):
     assert fresh.round == 4 and len(fresh.gen_history) == 4
     if strategy_cls is FedCCFA:
         assert sorted(fresh.pending) == list(range(10))
-        assert all(p[CC.PENDING_ROUND] == 4 for p in fresh.pending.values())
+        assert all(p[CW.PENDING_ROUND] == 4 for p in fresh.pending.values())
         assert sorted(fresh.signature) == list(range(10))
     else:
         assert fresh.m is not None and len(fresh.v) == len(fresh.models[0])
@@ -431,8 +441,8 @@ def test_global_anchor_variant_sends_one_mean_anchor_per_class(tmp_path):
     s.on_train_replies(1, replies)
     for cid in range(4):
         p = s.pending[cid]
-        assert p[CC.PENDING_ANCHOR_CLASSES] == list(range(num_classes))
-        anc = np.asarray(p[CC.PENDING_ANCHORS]).reshape(num_classes, d)
+        assert p[CW.PENDING_ANCHOR_CLASSES] == list(range(num_classes))
+        anc = np.asarray(p[CW.PENDING_ANCHORS]).reshape(num_classes, d)
         np.testing.assert_allclose(anc, np.mean([extras[k][4] for k in range(4)], 0), atol=1e-5)
     with pytest.raises(ConfigError, match="fedccfa.anchors"):
         FedCCFA(experiment(tmp_path, **{"fedccfa.anchors": "nearest"}))
@@ -463,9 +473,11 @@ def test_adaptive_fedavg_rounds_sends_the_adapted_lr(tmp_path):
     import json
     from pathlib import Path
 
-    from fedcluster_app.core.results import RunRecorder
     from fedcluster_app.api import build_strategy
-    from fedcluster_app.families.foundation.adaptive_fedavg import AdaptiveLR, AdaptiveFedAvgRounds
+    from fedcluster_app.families.foundation.adaptive_fedavg import (
+        AdaptiveFedAvg,
+        AdaptiveLR,
+    )
     from fedcluster_app.families.foundation.cfl import flatten
 
     sent: dict[int, list[dict]] = {}
@@ -479,13 +491,11 @@ def test_adaptive_fedavg_rounds_sends_the_adapted_lr(tmp_path):
     rc = merge_overrides(default_run_config(), tiny(tmp_path, strategy="adaptive-fedavg-rounds",
                                                     **{"rounds-per-step": 3}))
     s = build_strategy(load_experiment(rc))
-    assert isinstance(s, AdaptiveFedAvgRounds)
+    assert isinstance(s, AdaptiveFedAvg)
     after: list = []                                     # the global weights after each round
     agg = s.on_train_replies
     s.on_train_replies = lambda step, replies: (agg(step, replies), after.append(flatten(s.models[0])))
-    s.start(InProcessGrid(rc, 10, client_app=spy),
-            RunRecorder(rc["out-dir"], strategy=s.name, scenario=rc["scenario"], seed=0, config=rc),
-            checkpoint_dir=Path(rc["out-dir"]))
+    s.run(InProcessGrid(rc, 10, client_app=spy), rc["out-dir"])
     assert sorted(sent) == list(range(1, 7)) and all(len(v) == 10 for v in sent.values())
     ref = AdaptiveLR(0.01, 0.7, 0.3, 0.7)
     want = [0.01] + [ref.update(w, t) for t, w in enumerate(after[:-1], start=1)]
@@ -497,7 +507,7 @@ def test_adaptive_fedavg_rounds_sends_the_adapted_lr(tmp_path):
     lines = [json.loads(x) for x in Path(rc["out-dir"], "metrics.jsonl").read_text().splitlines()]
     assert [r["lr"] for r in lines] == pytest.approx(want, rel=1e-12)
     # the schedule's state is checkpointed: a resumed run sends the same next lr
-    fresh = AdaptiveFedAvgRounds(load_experiment(rc))
+    fresh = AdaptiveFedAvg(load_experiment(rc))
     fresh.load_checkpoint(Path(rc["out-dir"]))
     assert fresh.schedule.lr == s.schedule.lr == lines[-1]["next_lr"]
 

@@ -15,9 +15,9 @@ import pytest
 from test_e2e_ray import fedcluster, superlinks
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
+from fedcluster_app.core.results import load_run
 from fedcluster_app.deploy import LocalDeployment
 from fedcluster_app.launcher import run_on_deployment
-from fedcluster_app.core.results import load_run
 
 pytestmark = pytest.mark.slow
 

@@ -7,15 +7,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster_app.core import wire as P
+from fedcluster_app.api import STRATEGIES
 from fedcluster_app.client_app import app as default_app
-from fedcluster_app.families.feddrift.client import ERROR_RATES, numpy_train
-from fedcluster_app.core.config import (ConfigError, TrainConfig, default_run_config, merge_overrides)
-from fedcluster_app.engine import run_inprocess
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.config import (
+    ConfigError,
+    TrainConfig,
+    default_run_config,
+    merge_overrides,
+)
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
-from fedcluster_app.api import STRATEGIES
+from fedcluster_app.engine import run_inprocess
 from fedcluster_app.families.feddrift.feddrift import FedDrift
+from fedcluster_app.families.feddrift.kernels import numpy_train
+from fedcluster_app.families.feddrift.wire import ERROR_RATES
 
 # 4 clients, 5 training steps + the test step. Step 3: clients 0, 1 move to a NEW concept (B);
 # step 4: client 2 moves to the now KNOWN concept B; step 5: client 0 returns to A (known).
@@ -77,7 +83,7 @@ def test_complete_linkage_merges_same_concept_keeps_others_apart(tmp_path):
     s = FedDrift(exp)
     for _ in range(3):
         s.new_model()
-    s.W = {1: {0: 0, 1: 1, 2: 2}}
+    s.protocol.W = {1: {0: 0, 1: 1, 2: 2}}
     # 0 ~ 1 (same concept) and 1 ~ 2 close, but 0 and 2 far apart: complete linkage must stop
     D = {frozenset((0, 1)): 0.01, frozenset((1, 2)): 0.05, frozenset((0, 2)): 0.6}
     s.hierarchical_merge(1, [0, 1, 2], D, {0: 500, 1: 1500, 2: 500})
@@ -87,7 +93,7 @@ def test_complete_linkage_merges_same_concept_keeps_others_apart(tmp_path):
     # size-weighted average: n(0) = 500, n(1) = 1500
     s2 = FedDrift(exp)
     a, b = s2.new_model([np.zeros(3, np.float32)]), s2.new_model([np.ones(3, np.float32)])
-    s2.W = {1: {0: a, 1: b}}
+    s2.protocol.W = {1: {0: a, 1: b}}
     s2.hierarchical_merge(1, [a, b], {frozenset((a, b)): 0.0}, {a: 500, b: 1500})
     (only,) = s2.models.values()
     np.testing.assert_allclose(only[0], 0.75)
@@ -197,7 +203,12 @@ def test_bad_loss_reports_are_left_out_and_the_run_goes_on(tmp_path, schedule):
 
 
 def test_numpy_trainer_matches_torch():
-    from fedcluster_app.core.models import ModelSpec, build_model, get_weights, set_weights
+    from fedcluster_app.core.models import (
+        ModelSpec,
+        build_model,
+        get_weights,
+        set_weights,
+    )
     from fedcluster_app.core.training import local_train
 
     spec = ModelSpec("mlp", (3,), 2, 6)
@@ -220,8 +231,8 @@ def test_numpy_trainer_matches_torch():
 def test_stacked_numpy_training_equals_training_each_model_alone():
     """KUE/AUE/FedDrift clients train their models in one stacked call: each model must come
     out as if trained alone on its own data and batches (and groups of unequal shape split)."""
-    from fedcluster_app.families.feddrift.client import numpy_train_many
     from fedcluster_app.core.training import batch_indices
+    from fedcluster_app.families.feddrift.kernels import numpy_train_many
 
     rng = np.random.default_rng(3)
     steps = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=20, batch_size=50)

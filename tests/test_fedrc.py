@@ -6,22 +6,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Message
+from flwr.app import Message, RecordDict
+from test_checkpoint import CrashingGrid
 
-from fedcluster_app.core import wire as P
 from fedcluster_app.client_app import app as client_app
-from fedcluster_app.families.fedrc import client as C
-from fedcluster_app.families.fedrc.fedsoft_client import importance_weights
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.engine import run_inprocess
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
-from fedcluster_app.families.fedrc import fedrc as fedrc_module
 from fedcluster_app.core.strategy import read_checkpoint
-from flwr.app import RecordDict
-
-from test_checkpoint import CrashingGrid
+from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.engine import run_inprocess
+from fedcluster_app.families.fedrc import client as FC
+from fedcluster_app.families.fedrc import em as C
+from fedcluster_app.families.fedrc import fedrc as fedrc_module
+from fedcluster_app.families.fedrc import wire as W
+from fedcluster_app.families.fedrc.em import importance_weights
 
 # The calibrated population, small: 6 clients (+ 3 held-out test clients), FedRC's local training.
 SMALL = {
@@ -158,15 +158,16 @@ def test_held_out_clients_estimate_their_weights_and_pick_their_concept(tmp_path
     for cid in exp.scenario.holdout_clients:
         client = StreamClient(cid, exp, RecordDict())
         concept = exp.scenario.concept(cid, 1)
-        config = {P.STEP: 1, P.ROUND: 1, C.ESTIMATE: True, C.EM_ITERS: 50, C.EM_TOL: 1e-4}
-        metrics, _, _ = C.evaluate(client, config, shuffled)
-        omega = metrics[C.OMEGA_REPLY]
+        config = {P.STEP: 1, P.ROUND: 1, W.ESTIMATE: True,
+                  **W.FedRCParams(em_iters=50, em_tol=1e-4).to_message(W.PARAMS)}
+        metrics, _, _ = FC.evaluate(client, config, shuffled)
+        omega = metrics[W.OMEGA_REPLY]
         assert sorted(shuffled)[int(np.argmax(omega))] == 10 + (2, 0, 1).index(concept)
         others = [client.evaluate(w, config)[2][P.ACCURACY] for m, w in shuffled.items()
                   if m != 10 + (2, 0, 1).index(concept)]
         assert max(omega) > 0.7 and metrics[P.ACCURACY] > max(others) + 0.1
         # hard prediction with the argmax model = that model alone
-        hard, _, _ = C.evaluate(client, {**config, C.HARD_TEST: True}, shuffled)
+        hard, _, _ = FC.evaluate(client, {**config, W.PARAMS + "hard-test": True}, shuffled)
         _, _, alone = client.evaluate(shuffled[10 + (2, 0, 1).index(concept)], config)
         assert hard[P.ACCURACY] == pytest.approx(alone[P.ACCURACY])
 
@@ -273,14 +274,14 @@ def corrupting_app(bad: dict[int, str]):
     def app(msg: Message, ctx):
         reply = client_app(msg, ctx)
         cid = int(ctx.node_config["partition-id"])
-        if cid in bad and msg.metadata.message_type == C.TRAIN_KIND and not reply.has_error():
+        if cid in bad and msg.metadata.message_type == W.TRAIN_KIND and not reply.has_error():
             metrics = reply.content.metric_records[P.METRICS]
             if bad[cid] == "negative":
-                metrics[C.OMEGA_REPLY] = [1.5, -0.25, -0.25]
+                metrics[W.OMEGA_REPLY] = [1.5, -0.25, -0.25]
             elif bad[cid] == "sum":
-                metrics[C.OMEGA_REPLY] = [0.5, 0.3, 0.3]
+                metrics[W.OMEGA_REPLY] = [0.5, 0.3, 0.3]
             else:
-                metrics[C.MASS] = list(metrics[C.MASS])[:-1]
+                metrics[W.MASS] = list(metrics[W.MASS])[:-1]
         return reply
     return app
 
@@ -335,10 +336,10 @@ def test_a_participant_that_never_trained_estimates_its_weights_before_predictin
     seen: dict[int, list[bool]] = {}
 
     def spy(msg: Message, ctx):
-        if msg.metadata.message_type == C.EVAL_KIND:
+        if msg.metadata.message_type == W.EVAL_KIND:
             cid = int(ctx.node_config["partition-id"])
             config = msg.content.config_records[P.CONFIG]
-            seen.setdefault(int(config[P.ROUND]), []).append((cid, bool(config.get(C.ESTIMATE))))
+            seen.setdefault(int(config[P.ROUND]), []).append((cid, bool(config.get(W.ESTIMATE))))
         return client_app(msg, ctx)
 
     cfg = small(tmp_path, strategy="fedrc", **{"fraction-train": 0.5, "rounds-per-step": 2})

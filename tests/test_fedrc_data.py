@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from fedcluster_app.core.data import build_scenario, list_scenarios
-from fedcluster_app.families.fedrc.scenarios import (DIGIT_STYLES, build_fedrc, class_means, corrupt_digits, role_table)
+from fedcluster_app.families.fedrc.scenarios import (
+    DIGIT_STYLES,
+    build_fedrc,
+    class_means,
+    corrupt_digits,
+    role_table,
+)
 
 PERMS = [np.arange(10), 9 - np.arange(10), (np.arange(10) + 1) % 10]
 NAMES = ("shifts-3", "shifts-3-mild", "digits-shifts-3", "shifts-feature-only",

@@ -9,17 +9,18 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 
-from fedcluster_app.core import wire as P
+from fedcluster_app.api import STRATEGIES
 from fedcluster_app.client_app import app as client_app
-from fedcluster_app.families.fielding import client as fcl
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError, default_run_config, merge_overrides
 from fedcluster_app.core.data import build_scenario, scenario_names
-from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
-from fedcluster_app.api import STRATEGIES
+from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.engine import InProcessGrid, run_inprocess
+from fedcluster_app.families.fielding import client as fcl
 from fedcluster_app.families.fielding import clustering as core
+from fedcluster_app.families.fielding import wire as fw
 from fedcluster_app.families.fielding.fielding import Fielding, split_budget
 
 # labels-small-large with one round per time step: 12 rounds, small drift at step 5, large at 9
@@ -155,8 +156,9 @@ def test_participants_per_round(tmp_path):
 @pytest.mark.parametrize("overrides, match", [
     ({"fielding.k-min": 5, "fielding.k-max": 3}, "K range fielding.k-min..k-max = 5..3 is empty"),
     ({"fielding.k-min": 30, "fielding.k-max": 40}, "larger than the 30 clients allow"),
-    ({"fielding.k-min": 1}, "fielding.k-min must be >= 2"),
-    ({"fielding.rep": "pixels"}, "fielding.rep = 'pixels' is not valid; valid: label, embedding"),
+    ({"fielding.k-min": 1}, "fielding.k-min must be an integer >= 2, got 1"),
+    ({"fielding.rep": "pixels"}, "fielding.rep must be one of 'label', 'embedding', 'gradient', "
+                                "got 'pixels'"),
     ({"fielding.distance": "js", "fielding.rep": "gradient"}, "js"),
     ({"fielding.tau": -1.0}, "fielding.tau"),
     ({"fielding.trigger": "always"}, "fielding.trigger"),
@@ -197,8 +199,8 @@ def test_bad_representation_replies_are_rejected_and_the_client_keeps_its_cluste
         reply = client_app(msg, ctx)
         cid = int(ctx.node_config["partition-id"])
         step = int(msg.content.config_records[P.CONFIG][P.STEP])
-        if msg.metadata.message_type == fcl.KIND and step == drift and cid in replace:
-            reply.content.metric_records[P.METRICS][fcl.REP] = replace[cid][0]
+        if msg.metadata.message_type == fw.KIND and step == drift and cid in replace:
+            reply.content.metric_records[P.METRICS][fw.REP] = replace[cid][0]
         return reply
 
     clusters: list[dict[int, int]] = []
@@ -233,16 +235,16 @@ def _client(scenario: str, cid: int, **overrides) -> StreamClient:
 
 def test_client_reports_on_registration_and_on_drift_only():
     client = _client("labels-small-large", sorted(_movers(5))[0])
-    cfg = {P.STEP: 1, fcl.REP: "label", fcl.METRIC: "l1", fcl.EPS: 0.0}
+    cfg = {P.STEP: 1, fw.REP: "label", fw.METRIC: "l1", fw.EPS: 0.0}
     first, _, _ = fcl.report(client, cfg, {})
-    assert first[fcl.DRIFTED] == 1 and first[fcl.REGISTERED] == 1
-    assert sum(first[fcl.REP]) == pytest.approx(1.0)
-    assert fcl.report(client, {**cfg, P.STEP: 4}, {})[0] == {fcl.DRIFTED: 0}
+    assert first[fw.DRIFTED] == 1 and first[fw.REGISTERED] == 1
+    assert sum(first[fw.REP]) == pytest.approx(1.0)
+    assert fcl.report(client, {**cfg, P.STEP: 4}, {})[0] == {fw.DRIFTED: 0}
     drift, _, _ = fcl.report(client, {**cfg, P.STEP: 5}, {})
-    assert drift[fcl.DRIFTED] == 1 and drift[fcl.REGISTERED] == 0
-    assert core.distance(np.array(drift[fcl.REP]), np.array(first[fcl.REP]), "l1") > 1.0
+    assert drift[fw.DRIFTED] == 1 and drift[fw.REGISTERED] == 0
+    assert core.distance(np.array(drift[fw.REP]), np.array(first[fw.REP]), "l1") > 1.0
     # the server can ask for a registration report at any time
-    assert fcl.report(client, {**cfg, P.STEP: 6, fcl.REGISTER: True}, {})[0][fcl.DRIFTED] == 1
+    assert fcl.report(client, {**cfg, P.STEP: 6, fw.REGISTER: True}, {})[0][fw.DRIFTED] == 1
 
 
 def test_malicious_clients_permute_their_registration_vector_only():
@@ -251,15 +253,15 @@ def test_malicious_clients_permute_their_registration_vector_only():
     assert len(bad) == 6 and fcl.malicious_clients(n, 0.0, 0) == set()
     liar = min(bad)
     honest = min(set(range(n)) - bad)
-    cfg = {P.STEP: 1, fcl.REP: "label", fcl.METRIC: "l1", fcl.EPS: 0.0}
+    cfg = {P.STEP: 1, fw.REP: "label", fw.METRIC: "l1", fw.EPS: 0.0}
     for cid, lies in ((liar, True), (honest, False)):
         client = _client("labels-small-large", cid, **{"fielding.malicious-fraction": 0.2})
-        sent = np.array(fcl.report(client, cfg, {})[0][fcl.REP])
+        sent = np.array(fcl.report(client, cfg, {})[0][fw.REP])
         true = fcl.label_vector(client, cfg)
         assert np.allclose(np.sort(sent), np.sort(true))
         assert (not np.allclose(sent, true)) == lies
         # afterwards it keeps its true vector as r_last: no spurious drift report
-        assert fcl.report(client, {**cfg, P.STEP: 2}, {})[0][fcl.DRIFTED] == 0
+        assert fcl.report(client, {**cfg, P.STEP: 2}, {})[0][fw.DRIFTED] == 0
 
 
 def test_malicious_clients_do_not_stop_fielding_from_beating_the_global_model(tmp_path):

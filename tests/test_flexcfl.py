@@ -8,21 +8,33 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_bad_input import CountingApp  # tests/ is on sys.path (pytest's rootdir mode)
+from test_checkpoint import CrashingGrid
 
+from fedcluster_app.api import build_strategy
 from fedcluster_app.client_app import app as client_app
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError, default_run_config, merge_overrides
 from fedcluster_app.core.data import build_scenario
-from fedcluster_app.families.flexcfl.scenarios import ShiftSpec, synthetic_users
-from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
 from fedcluster_app.core.strategy import read_checkpoint
-from fedcluster_app.core import wire as P
+from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.families.flexcfl import flexcfl as flexcfl_module
-from fedcluster_app.families.flexcfl.flexcfl import (FlexCFL, cosine_matrix, edc_embedding, edc_kmeans, flatten, inter_group_aggregate, madc_cluster, madc_matrix, nearest_model, rac_group, shift_distance)
-from fedcluster_app.api import build_strategy
-from test_bad_input import CountingApp          # tests/ is on sys.path (pytest's rootdir mode)
-from test_checkpoint import CrashingGrid
+from fedcluster_app.families.flexcfl.flexcfl import FlexCFL
+from fedcluster_app.families.flexcfl.grouping import (
+    cosine_matrix,
+    edc_embedding,
+    edc_kmeans,
+    flatten,
+    inter_group_aggregate,
+    madc_cluster,
+    madc_matrix,
+    nearest_model,
+    rac_group,
+    shift_distance,
+)
+from fedcluster_app.families.flexcfl.scenarios import ShiftSpec, synthetic_users
 
 N = 20
 
@@ -340,26 +352,26 @@ def test_non_finite_pretraining_update_is_left_out_and_the_run_goes_on(tmp_path,
 @pytest.mark.parametrize(
     "over, expected",
     [
-        ({"flexcfl.num-groups": -1}, "flexcfl.num-groups (m) must be >= 1"),
+        ({"flexcfl.num-groups": -1}, "flexcfl.num-groups must be an integer >= 0, got -1"),
         ({"flexcfl.num-groups": 25}, "larger than the number of clients"),
         ({"flexcfl.num-groups": 5, "flexcfl.pretrain-scale": 5},
          "alpha x m = 5 x 5 = 25) is larger than the number of clients (20)"),
-        ({"flexcfl.eta-g": -0.5}, "flexcfl.eta-g must be a finite number >= 0"),
-        ({"flexcfl.shift-metric": "kl"}, "shift-metric must be one of scipy_counts, tv"),
+        ({"flexcfl.eta-g": -0.5}, "flexcfl.eta-g must be >= 0, got -0.5"),
+        ({"flexcfl.shift-metric": "kl"}, "shift-metric must be one of 'scipy_counts', 'tv'"),
         ({"flexcfl.clients-per-round": 0}, "clients-per-round must be an integer >= 1"),
         ({"strategy": "fedgroup", "fedgroup.eta-g": -1.0}, "fedgroup.eta-g must be"),
-        ({"strategy": "fesem", "fesem.num-groups": -2}, "fesem.num-groups (m) must be >= 1"),
-        ({"flexcfl.measure": "cosine"}, "flexcfl.measure must be one of edc, madc"),
+        ({"strategy": "fesem", "fesem.num-groups": -2}, "fesem.num-groups must be an integer >= 0"),
+        ({"flexcfl.measure": "cosine"}, "flexcfl.measure must be one of 'edc', 'madc'"),
         ({"flexcfl.rcc": "maybe"}, "flexcfl.rcc must be of type bool"),
         ({"flexcfl.rac": "sometimes"}, "flexcfl.rac must be of type bool"),
         ({"flexcfl.rcc": True, "flexcfl.measure": "MADC"}, "with flexcfl.rcc = true"),
-        ({"flexcfl.eval-model": "latest"}, "flexcfl.eval-model must be one of current_group, "
-                                           "last_received"),
+        ({"flexcfl.eval-model": "latest"}, "flexcfl.eval-model must be one of 'current_group', "
+                                           "'last_received'"),
         ({"strategy": "fesem", "fesem.eval-model": "x"}, "fesem.eval-model must be one of"),
         ({"strategy": "flexcfl-ifca-mig", "flexcfl-ifca-mig.shift-metric": "kl"},
-         "flexcfl-ifca-mig.shift-metric must be one of scipy_counts, tv"),
+         "flexcfl-ifca-mig.shift-metric must be one of 'scipy_counts', 'tv'"),
         ({"strategy": "fesem-mig", "fesem-mig.shift-threshold": -1},
-         "fesem-mig.shift-threshold must be a finite number >= 0"),
+         "fesem-mig.shift-threshold must be >= 0, got -1"),
         ({"strategy": "flexcfl-fedavg", "flexcfl-fedavg.eval-model": "last_received"},
          "unknown run-config key 'flexcfl-fedavg.eval-model'"),   # FedAvg: current model
     ],
@@ -519,7 +531,7 @@ def test_mig_variants_reassign_exactly_the_shifted_clients_and_count_models(tmp_
         for k in hit:
             ref[k] = counts(k, t)
         sel.round = t
-        for k in sel.select():             # a client's first assignment sets its reference
+        for k in sel.protocol.select_round():   # a client's first assignment sets its reference
             ref.setdefault(k, counts(k, t))
         expected.append(hit)
     assert [r["shifted_clients"] for r in rounds] == expected

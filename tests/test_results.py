@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from fedcluster_app.core import results
-from fedcluster_app.core.results import (RunRecorder, compare_runs, format_round_line, load_run, plot_run)
+from fedcluster_app.core.results import (
+    RunRecorder,
+    compare_runs,
+    format_round_line,
+    load_run,
+    plot_run,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CONFIG = {"strategy": "ifca", "rounds-per-step": 2, "lr": 0.01}

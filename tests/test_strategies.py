@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedcluster_app.engine import run_inprocess
-from fedcluster_app.core.results import load_run
 from fedcluster_app.api import STRATEGIES
+from fedcluster_app.core.results import load_run
+from fedcluster_app.engine import run_inprocess
 
 FOUNDATION = ("fedavg", "fedprox", "ifca", "oracle", "local")
 

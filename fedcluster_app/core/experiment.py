@@ -18,14 +18,6 @@ class Experiment:
     scenario: Scenario
     spec: ModelSpec
 
-    @property
-    def num_rounds(self) -> int:
-        return self.scenario.num_steps * self.cfg.rounds_per_step
-
-    def time_step(self, server_round: int) -> int:
-        """Time steps are 1-based and last ``rounds-per-step`` rounds each."""
-        return (server_round - 1) // self.cfg.rounds_per_step + 1
-
 
 def model_spec(cfg: RunConfig, scenario: Scenario) -> ModelSpec:
     kind = cfg.model or scenario.model

@@ -91,6 +91,18 @@ def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
         return model
 
 
+def split_model(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
+    """``(features, classifier)``: the feature extractor (with parameters) and the linear
+    classifier that personalised strategies (FedCCFA, FedRep, FedBABU) train apart."""
+    features = getattr(model, "features", None)
+    head = getattr(model, "classifier", None)
+    if not isinstance(head, nn.Linear) or features is None or not any(
+            True for _ in features.parameters()):
+        raise ValueError("this model has no separable classifier head (a feature extractor with "
+                         "parameters followed by a linear classifier)")
+    return features, head
+
+
 def initial_weights(spec: ModelSpec, seed: int) -> list[np.ndarray]:
     return get_weights(build_model(spec, seed))
 

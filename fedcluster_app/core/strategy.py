@@ -11,45 +11,62 @@ round loop. It keeps
   round, soft clustering) or none (a personal model that stays in the client's context.state),
 * query phases that reach every client, sampled or not (``self.query``),
 
-and it validates every reply (wrong shapes or non-finite values are rejected and counted, the
-round goes on), evaluates every client on its own cluster's model, writes the results contract
-and checkpoints its whole state atomically.
+validates every reply (wrong shapes or non-finite values are rejected and counted, the round
+goes on), writes the results contract and checkpoints its whole state atomically.
 
-A scenario may hold *held-out* clients (``scenario.holdout_clients``, e.g. FedRC's test
-clients): they never train, and after each evaluation they pick a model the way a newcomer
-would (``global_eval_task``: by default the lowest loss on their labelled adaptation split) and
-report ``global_accuracy``.
+The loop (:meth:`ClusteredStrategy.run`), once per round r of step t::
 
-Subclasses override a few hooks: ``on_start``, ``before_round``, ``plan_train``,
-``on_train_replies``, ``eval_task`` and ``strategy_state``/``load_strategy_state``.
+    discover new nodes -> on_new_client            (clients that joined)
+    if r starts step t: begin_step(grid, t)        (between rounds: probes, drift handling)
+    before_round(grid, t, new_step)                (query phases, re-clustering, selection)
+    plan_train(t) -> one train message per client  (default: the protocol's plan)
+    on_train_replies(t, replies)                   (aggregation)
+    if the protocol evaluates r: evaluate          (the protocol's rule)
+    if r ends step t: end_step(t)
+    a line in metrics.jsonl; a checkpoint every checkpoint-every rounds
+
+When and on what data is the protocol's (``self.protocol``, core/protocol.py): the plain round
+protocol by default, FedDrift's time-step protocol or FlexCFL's paper protocol for strategies
+that say so with ``protocol_factory``. What is the strategy's: these hooks, and its typed
+hyper-parameters (``Params``, read from the run-config table ``[tool.flwr.app.config.<table>]``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.atomic import atomic_open
-from fedcluster_app.core.config import ConfigError, section
+from fedcluster_app.core.checkpoint import (
+    CHECKPOINT_FILE,
+    read_checkpoint,
+    write_checkpoint,
+)
+from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.experiment import Experiment
+from fedcluster_app.core.hparams import HParams, NoParams
+from fedcluster_app.core.messages import RejectedReply, Reply, Task, validate_reply
 from fedcluster_app.core.models import initial_weights, weight_shapes
+from fedcluster_app.core.protocol import Protocol
 from fedcluster_app.core.results import RunRecorder, format_round_line
 
 Weights = list[np.ndarray]
-CHECKPOINT_FILE = "checkpoint.npz"
+
+__all__ = ["CHECKPOINT_FILE", "ClientRecord", "ClusteredResult", "ClusteredStrategy",
+           "RejectedReply", "Reply", "Task", "Weights", "read_checkpoint", "weighted_average",
+           "write_checkpoint"]
 
 
 @dataclass
@@ -64,32 +81,14 @@ class ClientRecord:
 
 
 @dataclass
-class Task:
-    """What one client is asked to do in one message."""
+class ClusteredResult(Result):
+    """Flower's ``Result`` for a clustered run: ``arrays`` is the model of the largest
+    cluster; ``models`` every model by id, ``assignments`` every client's cluster and
+    ``summary`` what summary.json holds."""
 
-    models: list[int] = field(default_factory=list)   # ids of the models sent
-    train_ids: list[int] | None = None                 # which of them to train (None: all)
-    config: dict[str, Any] = field(default_factory=dict)
-    personal: bool = False                             # use the model kept on the client
-
-
-@dataclass
-class Reply:
-    """A validated client reply."""
-
-    cid: int
-    metrics: dict[str, Any]
-    models: dict[int, Weights] = field(default_factory=dict)
-    model_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
-    extras: dict[str, Weights] = field(default_factory=dict)   # unchecked: see check_reply
-
-    @property
-    def num_examples(self) -> int:
-        return int(self.metrics.get(P.NUM_EXAMPLES, 0))
-
-
-class RejectedReply(ValueError):
-    """A client reply that cannot be used; the message says why."""
+    models: dict[int, ArrayRecord] | None = None
+    assignments: dict[int, int | None] | None = None
+    summary: dict[str, Any] | None = None
 
 
 def weighted_average(items: list[tuple[Weights, float]]) -> Weights:
@@ -110,16 +109,22 @@ class ClusteredStrategy(Strategy):
     # message kinds a family's ClientApp handlers answer instead of the built-in ones, e.g.
     # {P.TRAIN: "train.fedrc"}; every exchange of that kind is sent under the mapped name
     message_kinds: ClassVar[dict[str, str]] = {}
+    #: the strategy's hyper-parameters, read from the run-config table ``Params.table``
+    Params: ClassVar[type[HParams]] = NoParams
+    #: the protocol it runs under
+    protocol_factory: ClassVar[Callable[[], Protocol]] = Protocol
 
     def __init__(self, experiment: Experiment) -> None:
         self.exp = experiment
         self.cfg = experiment.cfg
+        self.params = self.Params.from_run_config(self.cfg.raw)
         self.rng = np.random.default_rng([self.cfg.seed, 0xC1])
         self.models: dict[int, Weights] = {}
         self.model_birth: dict[int, int] = {}        # model id -> round it was created
         self.next_model_id = 0
         self.clients: dict[int, ClientRecord] = {}
         self.round = 0
+        self.step: int | None = None                 # the step of the round under way
         self._node_to_cid: dict[int, int] = {}
         self._unidentifiable: set[int] = set()      # nodes without a usable client-id
         self._refused_duplicates: set[int] = set()  # nodes claiming a client id held by a live node
@@ -127,17 +132,34 @@ class ClusteredStrategy(Strategy):
         self._round_stats = self._fresh_stats()
         self._shapes = weight_shapes(experiment.spec)
         self.holdouts = frozenset(experiment.scenario.holdout_clients)  # never trained
+        self.round_timeout = self.cfg.round_timeout
+        self._initial: Weights | None = None        # start(initial_arrays=...) replaces w0
+        self._extra_config = {P.TRAIN: {}, P.EVALUATE: {}}   # start(train_config=, ...)
+        self._evaluate_fn = None
+        self._last_round = 0                         # 0 = the protocol's number of rounds
+        self.protocol = self.protocol_factory()
+        self.protocol.bind(self)
+
+    @property
+    def num_rounds(self) -> int:
+        return self._last_round or self.protocol.num_rounds()
 
     # ------------------------------------------------------------------ model registry
-    def new_model(self, weights: Weights | None = None) -> int:
-        """Register a model; without weights it gets the run's common seeded initialisation."""
+    def new_model(self, weights: Weights | None = None, *, created: bool = True) -> int:
+        """Register a model; without weights it gets the run's common seeded initialisation.
+        ``created=False``: the model replaces others (a merge), it is not a new cluster."""
         mid = self.next_model_id
         self.next_model_id += 1
         self.models[mid] = weights if weights is not None else self.initial_weights()
         self.model_birth[mid] = self.round
+        self.protocol.on_new_model(mid, created)
         return mid
 
     def initial_weights(self, salt: int = 0) -> Weights:
+        """The run's common initialisation (salt 0, or the arrays given to ``start``), or
+        another seeded one (salt > 0: strategies that need distinct random models)."""
+        if salt == 0 and self._initial is not None:
+            return [a.copy() for a in self._initial]
         return initial_weights(self.exp.spec, seed=self.cfg.seed * 1000 + salt)
 
     def delete_model(self, mid: int) -> None:
@@ -151,16 +173,24 @@ class ClusteredStrategy(Strategy):
 
     def merge_models(self, ids: list[int], weights: list[float]) -> int:
         """Replace models ``ids`` by their weighted average; their clients move to the new one."""
-        merged = self.new_model(weighted_average([(self.models[i], w) for i, w in zip(ids, weights)]))
-        for rec in self.clients.values():
-            if rec.cluster in ids:
-                rec.cluster = merged
+        merged = self.new_model(weighted_average([(self.models[i], w) for i, w in zip(ids, weights)]),
+                                created=False)
         for i in ids:
+            self.relabel(i, merged)
             self.delete_model(i)
         return merged
 
+    def relabel(self, old: int, new: int | None) -> None:
+        """Every client of model ``old`` now belongs to ``new`` (None: to no model), and so
+        does the history the protocol keeps (FedDrift's identities of past steps)."""
+        for rec in self.clients.values():
+            if rec.cluster == old:
+                rec.cluster = new
+        self.protocol.on_relabel(old, new)
+
     def assign(self, cid: int, mid: int | None) -> None:
         self.clients[cid].cluster = mid
+        self.protocol.on_assign(cid, mid)
 
     def training_clients(self) -> list[int]:
         """The known clients that take part in training (all but the held-out ones), sorted."""
@@ -175,24 +205,16 @@ class ClusteredStrategy(Strategy):
     def num_clusters(self) -> int:
         return len(self.clusters_in_use())
 
-    def hparams(self) -> dict[str, Any]:
-        """This strategy's own run-config table, ``[tool.flwr.app.config.<name>]``."""
-        return section(self.cfg.raw, self.name)
-
-    def checked_hparams(self, defaults: dict[str, Any], table: str = "") -> dict[str, Any]:
-        """``defaults`` overridden by the run-config table ``table`` (default: this strategy's
-        name); a key the strategy does not know is a ConfigError listing the valid ones."""
-        table = table or self.name
-        given = section(self.cfg.raw, table)
-        unknown = sorted(set(given) - set(defaults))
-        if unknown:
-            raise ConfigError(f"unknown {table} hyper-parameter(s) {', '.join(unknown)}; valid: "
-                              f"{', '.join(sorted(defaults))}")
-        return {k: given.get(k, v) for k, v in defaults.items()}
-
+    # ------------------------------------------------------------------ ground truth
     def true_concept(self, cid: int, step: int) -> int | None:
+        """A client's true concept at ``step``: only a strategy with ``uses_ground_truth``
+        (the Oracle) may ask."""
         if not self.uses_ground_truth:
             raise PermissionError(f"{self.name} may not read ground-truth concepts")
+        return self._truth.get(cid, {}).get(step)
+
+    def concept_for_metrics(self, cid: int, step: int) -> int | None:
+        """The true concept, for metrics (ARI, drift counts) only: never for decisions."""
         return self._truth.get(cid, {}).get(step)
 
     # ------------------------------------------------------------------ hooks
@@ -208,21 +230,30 @@ class ClusteredStrategy(Strategy):
         if sizes:
             self.assign(cid, max(sizes, key=lambda m: (sizes[m], -m)))
 
+    def begin_step(self, grid: Grid, step: int) -> None:
+        """At the start of every time step, between rounds (``self.round`` is the last round
+        done): probes, drift detection, assignments that hold for the step."""
+
     def before_round(self, grid: Grid, step: int, new_step: bool) -> None:
-        """Runs before training; query phases and re-clustering go here."""
+        """Runs before training, every round; query phases and re-clustering go here."""
 
     def plan_train(self, step: int) -> dict[int, Task]:
-        """Default: sample ``fraction-train`` of every cluster's members; each trains its model."""
-        plan = {}
-        for mid in self.clusters_in_use():
-            for cid in self.sample(self.members(mid), self.cfg.fraction_train):
-                plan[cid] = Task(models=[mid])
-        return plan
+        """Who trains what this round; default: the protocol's plan (plain rounds:
+        ``fraction-train`` of every cluster's members, each on its cluster's model)."""
+        return self.protocol.default_plan(step)
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:
         """Default: every returned model is FedAvg-ed into its registry entry (by num-examples)."""
         for mid, items in self.collect_updates(replies).items():
-            self.models[mid] = weighted_average(items)
+            if mid in self.models:
+                self.models[mid] = weighted_average(items)
+
+    def end_step(self, step: int) -> None:
+        """After the last round of a time step (and its evaluation)."""
+
+    def active_models(self, step: int) -> list[int] | None:
+        """The models trained during ``step``, if the strategy knows better than its protocol."""
+        return None
 
     def eval_task(self, cid: int) -> Task | None:
         rec = self.clients[cid]
@@ -242,7 +273,7 @@ class ClusteredStrategy(Strategy):
 
     def global_eval_task(self, cid: int) -> Task | None:
         """How a held-out client is scored: every model goes down and the client predicts with
-        the one of lowest loss on its adaptation split (spec fedrc.md 4.4); None = not scored."""
+        the one of lowest loss on its adaptation split; None = not scored."""
         ids = sorted(self.models)
         if not ids:
             return None
@@ -253,7 +284,8 @@ class ClusteredStrategy(Strategy):
         RejectedReply to drop that client's contribution this round (logged and counted)."""
 
     def round_metrics(self) -> dict[str, Any]:
-        """Strategy-specific keys added to this round's metrics.jsonl line."""
+        """Strategy-specific keys added to metrics.jsonl (the protocol decides when: every
+        round, or once per time step with its evaluation)."""
         return {}
 
     def summary_extra(self) -> dict[str, Any]:
@@ -298,13 +330,16 @@ class ClusteredStrategy(Strategy):
     # ------------------------------------------------------------------ messaging
     def exchange(self, grid: Grid, kind: str, tasks: dict[int, Task]) -> list[Reply]:
         """Send one message per task, wait, validate; failures are logged and counted."""
-        kind = self.message_kinds.get(kind, kind)
+        wire_kind = self.protocol.message_kind(kind)
+        self.protocol.prepare(kind, tasks)
+        step = self.step if self.step is not None else self.protocol.time_step(max(self.round, 1))
+        extra = self._extra_config.get(kind, {})
         messages, sent, packed = [], {}, {}
         for cid, task in sorted(tasks.items()):
             node = self.clients[cid].node_id
             if node is None:
                 continue
-            config = {P.ROUND: self.round, P.STEP: self.exp.time_step(max(self.round, 1)), **task.config}
+            config = {P.ROUND: self.round, P.STEP: step, **extra, **task.config}
             if task.train_ids is not None:
                 config[P.TRAIN_IDS] = list(task.train_ids)
             if task.personal:
@@ -314,11 +349,11 @@ class ClusteredStrategy(Strategy):
                     packed[m] = P.pack_arrays(self.models[m])
             content = P.build_content({m: packed[m] for m in task.models}, config)
             self._round_stats["bytes_down"] += P.nbytes(content)
-            messages.append(
-                Message(content=content, dst_node_id=node, message_type=kind, group_id=str(self.round))
-            )
+            messages.append(Message(content=content, dst_node_id=node, message_type=wire_kind,
+                                    group_id=str(self.round)))
             sent[node] = (cid, task)
-        replies = list(grid.send_and_receive(messages, timeout=self.cfg.round_timeout)) if messages else []
+        replies = (list(grid.send_and_receive(messages, timeout=self.round_timeout))
+                   if messages else [])
         out, answered = [], set()
         for msg in replies:
             node = msg.metadata.src_node_id
@@ -327,63 +362,35 @@ class ClusteredStrategy(Strategy):
                 continue
             answered.add(node)
             try:
-                reply = self._validate(msg, cid, task)
-                self.check_reply(kind, reply)
+                reply = validate_reply(msg, cid, task, self._shapes)
+                self._record_truth(reply)
+                self.check_reply(wire_kind, reply)
             except RejectedReply as ex:
-                self._fail(cid, f"{kind} reply rejected: {ex}")
+                self._fail(cid, f"{wire_kind} reply rejected: {ex}")
                 continue
             self._round_stats["bytes_up"] += P.nbytes(msg.content)
             self.clients[cid].last_round = self.round
             out.append(reply)
         for node, (cid, _) in sent.items():
             if node not in answered:
-                self._fail(cid, f"no {kind} reply within {self.cfg.round_timeout:.0f} s")
-        return sorted(out, key=lambda r: r.cid)  # order fixed: aggregation sums are reproducible
+                self._fail(cid, f"no {wire_kind} reply within {self.round_timeout:.0f} s")
+        out = sorted(out, key=lambda r: r.cid)  # order fixed: aggregation sums are reproducible
+        self.protocol.on_exchange(kind, tasks, out)
+        return out
+
+    def _record_truth(self, reply: Reply) -> None:
+        """Keep the reported concept for metrics (and the Oracle); hide it from the others."""
+        metrics = reply.metrics
+        if P.CONCEPT in metrics and P.STEP in metrics:
+            self._truth.setdefault(reply.cid, {})[int(metrics[P.STEP])] = int(metrics[P.CONCEPT])
+        if not self.uses_ground_truth:
+            metrics.pop(P.CONCEPT, None)
 
     def _fail(self, cid: int, reason: str) -> None:
         self.clients[cid].failures += 1
         self._round_stats["failures"] += 1
         self._round_stats["failed_clients"].append(cid)
         log(WARNING, "round %d: client %d: %s", self.round, cid, reason)
-
-    def _validate(self, msg: Message, cid: int, task: Task) -> Reply:
-        if msg.has_error():
-            raise RejectedReply(f"client error: {msg.error.reason}")
-        content = msg.content
-        records = content.metric_records   # a property that copies: read it once
-        if P.METRICS not in records:
-            raise RejectedReply("no metrics record")
-        metrics = dict(records[P.METRICS])
-        if int(metrics.get(P.CLIENT_ID, -1)) != cid:
-            raise RejectedReply(f"reply claims client id {metrics.get(P.CLIENT_ID)!r}")
-        for key, value in metrics.items():
-            values = value if isinstance(value, list) else [value]
-            if not all(math.isfinite(v) for v in values):
-                raise RejectedReply(f"metric {key!r} is not finite: {value!r}")
-        if metrics.get(P.NUM_EXAMPLES, 0) < 0:
-            raise RejectedReply(f"negative num-examples {metrics[P.NUM_EXAMPLES]}")
-        models = P.unpack_models(content)
-        allowed = set(task.models if task.train_ids is None else task.train_ids)
-        if task.personal:   # a client's own model may come back under the personal id
-            allowed.add(P.PERSONAL_MODEL_ID)
-        for mid, arrays in models.items():
-            if mid not in allowed:
-                raise RejectedReply(f"returned model {mid}, which it was not asked to train")
-            shapes = tuple(tuple(a.shape) for a in arrays)
-            if shapes != self._shapes:
-                raise RejectedReply(f"model {mid} has shapes {shapes}, expected {self._shapes}")
-            if not all(np.isfinite(a).all() for a in arrays):
-                raise RejectedReply(f"model {mid} contains non-finite values")
-        model_metrics = {
-            mid: dict(records[P.model_metrics_key(mid)])
-            for mid in models
-            if P.model_metrics_key(mid) in records
-        }
-        if P.CONCEPT in metrics and P.STEP in metrics:
-            self._truth.setdefault(cid, {})[int(metrics[P.STEP])] = int(metrics[P.CONCEPT])
-        if not self.uses_ground_truth:
-            metrics.pop(P.CONCEPT, None)
-        return Reply(cid, metrics, models, model_metrics, P.unpack_extras(content))
 
     # ------------------------------------------------------------------ clients
     def discover(self, grid: Grid) -> list[int]:
@@ -392,14 +399,14 @@ class ClusteredStrategy(Strategy):
                    if n not in self._node_to_cid and n not in self._unidentifiable]
         if not unknown:
             return []
-        step = self.exp.time_step(max(self.round, 1))
+        step = self.protocol.time_step(max(self.round, 1))
         messages = [
             Message(content=P.build_content(config={P.ROUND: self.round, P.STEP: step}),
                     dst_node_id=n, message_type=P.QUERY_INFO, group_id="discover")
             for n in unknown
         ]
         new = []
-        for msg in grid.send_and_receive(messages, timeout=self.cfg.round_timeout):
+        for msg in grid.send_and_receive(messages, timeout=self.round_timeout):
             node = msg.metadata.src_node_id
             if msg.has_error() or P.METRICS not in msg.content.metric_records:
                 reason = msg.error.reason if msg.has_error() else "no metrics"
@@ -456,112 +463,159 @@ class ClusteredStrategy(Strategy):
         raise NotImplementedError("clustered strategies run their own loop: call start()")
 
     def summary(self) -> None:
-        log(INFO, "%s (%s) on %s: %d clients, %d steps x %d rounds", self.name, self.description,
-            self.exp.scenario.name, self.exp.scenario.num_clients, self.exp.scenario.num_steps,
-            self.cfg.rounds_per_step)
+        log(INFO, "%s (%s) on %s: %d clients, %d rounds (%s protocol)", self.name,
+            self.description, self.exp.scenario.name, self.exp.scenario.num_clients,
+            self.num_rounds, self.protocol.name)
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord | None = None,
+        num_rounds: int | None = None,
+        timeout: float | None = None,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        *,
+        out_dir: str | Path | None = None,
+    ) -> ClusteredResult:
+        """Run every remaining round on ``grid`` (Flower's ``Strategy.start``, for many models).
+
+        ``initial_arrays`` replace the run's common initial model (arrays of the run's model);
+        ``num_rounds`` stops after that many rounds of the protocol (at most its own number);
+        ``timeout`` bounds every exchange (the run config's ``round-timeout`` otherwise);
+        ``train_config`` / ``evaluate_config`` are added to every train / evaluate message;
+        ``evaluate_fn(round, arrays)`` is called on every cluster model after each round, its
+        metrics logged under ``server_evaluation`` (model id -> metrics). Results go to
+        ``out_dir`` (default: the run config's ``out-dir``) as with ``fedcluster run``.
+        """
+        if initial_arrays is not None:
+            arrays = [np.asarray(a) for a in P.unpack_arrays(initial_arrays)]
+            shapes = tuple(tuple(a.shape) for a in arrays)
+            if shapes != self._shapes:
+                raise ConfigError(f"initial_arrays have shapes {shapes}; the run's model "
+                                  f"{self.exp.spec.kind} has {self._shapes}")
+            self._initial = [a.astype(np.float32) for a in arrays]
+        if num_rounds is not None:
+            full = self.protocol.num_rounds()
+            if not 1 <= int(num_rounds) <= full:
+                raise ConfigError(f"num_rounds must be in 1..{full} (the scenario's time steps "
+                                  f"x rounds-per-step under the {self.protocol.name} protocol), "
+                                  f"got {num_rounds}")
+            self._last_round = int(num_rounds)
+        if timeout is not None:
+            self.round_timeout = float(timeout)
+        self._extra_config = {P.TRAIN: dict(train_config or {}),
+                              P.EVALUATE: dict(evaluate_config or {})}
+        self._evaluate_fn = evaluate_fn
+        summary = self.run(grid, out_dir)
+        return self.result(summary)
+
+    def result(self, summary: dict[str, Any]) -> ClusteredResult:
+        models = {mid: P.pack_arrays(w) for mid, w in sorted(self.models.items())}
+        sizes = {mid: len(self.members(mid)) for mid in models}
+        largest = max(sizes, key=lambda m: (sizes[m], -m)) if sizes else None
+        return ClusteredResult(
+            arrays=models[largest] if largest is not None else ArrayRecord(),
+            models=models,
+            assignments={cid: rec.cluster for cid, rec in sorted(self.clients.items())},
+            summary=summary,
+        )
 
     # ------------------------------------------------------------------ the round loop
-    def start(self, grid: Grid, recorder: RunRecorder, checkpoint_dir: Path | None = None) -> dict:
-        """Run every remaining round; returns the summary written to summary.json."""
-        self.summary()
+    def run(self, grid: Grid, out_dir: str | Path | None = None) -> dict[str, Any]:
+        """Run every remaining round, writing metrics.jsonl round by round, summary.json and
+        the plot at the end and checkpoints as configured; returns the summary. A failure
+        during the run still writes summary.json with status "failed", then propagates."""
         t0 = time.monotonic()
-        total = self.exp.num_rounds
+        out = resolve_out_dir(self.cfg.raw, out_dir)
+        resumed_after = self.round
+        recorder = RunRecorder(out, strategy=self.name, scenario=self.exp.scenario.name,
+                               seed=self.cfg.seed, config=dict(self.cfg.raw),
+                               resume=resumed_after > 0)
+        log(INFO, "fedcluster: %s on %s, %d rounds; results in %s", self.name,
+            self.exp.scenario.name, self.num_rounds, out)
+        try:
+            self._rounds(grid, recorder, out)
+        except Exception as ex:
+            log(ERROR, "run failed: %s", traceback.format_exc())
+            recorder.finish(status="failed", error=f"{type(ex).__name__}: {ex}", plot=False,
+                            extra={"wall_time_s": time.monotonic() - t0})
+            raise
+        extra = {"wall_time_s": time.monotonic() - t0, "out_dir": str(out),
+                 "num_clients": self.exp.scenario.num_clients,
+                 "num_steps": self.exp.scenario.num_steps,
+                 **({"resumed_after_round": resumed_after} if resumed_after else {}),
+                 **self.protocol.summary_extra(), **self.summary_extra()}
+        summary = recorder.finish(plot=self.cfg.plot, extra=extra)
+        log(INFO, "fedcluster: done: mean accuracy %.4f, final %.4f; summary in %s",
+            summary["mean_accuracy"] or 0.0, summary["final_accuracy"] or 0.0,
+            out / "summary.json")
+        return summary
+
+    def _rounds(self, grid: Grid, recorder: RunRecorder, out_dir: Path) -> None:
+        self.summary()
+        total = self.num_rounds
         resumed = self.round > 0
         self.wait_for_nodes(grid)
         self.discover(grid)
         if not resumed:
             self.on_start()
         for rnd in range(self.round + 1, total + 1):
-            self.round = rnd
+            step = self.protocol.time_step(rnd)
+            new_step = rnd == 1 or self.protocol.time_step(rnd - 1) != step
+            last_of_step = rnd == total or self.protocol.time_step(rnd + 1) != step
             self._round_stats = self._fresh_stats()
+            self.protocol.start_round(rnd)
             t_round = time.monotonic()
-            step = self.exp.time_step(rnd)
-            new_step = rnd == 1 or self.exp.time_step(rnd - 1) != step
+            self.step = step
+            if new_step:   # a step begins between rounds: its decisions hold from round rnd on
+                for cid in self.discover(grid):
+                    self.on_new_client(cid)
+                self.protocol.begin_step(grid, step)
+                self.begin_step(grid, step)
+            self.round = rnd
             for cid in self.discover(grid):   # newcomers, and returning clients' new node ids
                 self.on_new_client(cid)
+            self.protocol.before_round(grid, step)
             self.before_round(grid, step, new_step)
             plan = {cid: t for cid, t in self.plan_train(step).items()
                     if cid in self.clients and cid not in self.holdouts}
             replies = self.exchange(grid, P.TRAIN, plan)
             self.on_train_replies(step, replies)
             record: dict[str, Any] = {"round": rnd, "time_step": step}
-            if rnd % self.cfg.eval_every == 0 or rnd == total:
-                record.update(self.evaluate_clients(grid, step))
+            evaluated = self.protocol.evaluates(rnd)
+            if evaluated:
+                record.update(self.protocol.evaluate(grid, step))
             else:
                 record.update(accuracy=None)
+            if self._evaluate_fn is not None:
+                record["server_evaluation"] = self._server_evaluation(rnd)
+            metrics = self.protocol.round_metrics(evaluated)   # what this round did
+            if last_of_step:
+                self.end_step(step)
             record.update(
-                num_clusters=self.num_clusters(),
+                num_clusters=self.protocol.num_clusters(),
                 trained_clients=len(replies),
                 round_time_s=round(time.monotonic() - t_round, 4),
                 **self._round_stats,
-                **self.round_metrics(),
+                **metrics,
             )
             recorder.log_round(record)
-            if self.cfg.progress:
+            if self.cfg.progress and (evaluated or new_step):
                 log(INFO, "%s", format_round_line(record, total))
-            if checkpoint_dir and self.cfg.checkpoint_every and rnd % self.cfg.checkpoint_every == 0:
-                self.save_checkpoint(checkpoint_dir / CHECKPOINT_FILE)
-        if checkpoint_dir:
-            self.save_checkpoint(checkpoint_dir / CHECKPOINT_FILE)
-        return {"wall_time_s": time.monotonic() - t0}
+            if self.cfg.checkpoint_every and rnd % self.cfg.checkpoint_every == 0:
+                self.save_checkpoint(out_dir / CHECKPOINT_FILE)
+        self.step = None
+        self.save_checkpoint(out_dir / CHECKPOINT_FILE)
 
-    def evaluate_clients(self, grid: Grid, step: int) -> dict[str, Any]:
-        """Local accuracy of the participating clients (each on its own cluster's model or
-        mixture), then global accuracy of the held-out clients (``global_eval_task``)."""
-        tasks = {}
-        for cid in self.sample(self.training_clients(), self.cfg.fraction_evaluate):
-            task = self.eval_task(cid)
-            if task is not None:
-                tasks[cid] = task
-        replies = self.exchange(grid, P.EVALUATE, tasks)
-        accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
-        out: dict[str, Any] = {
-            "accuracy": float(np.mean(list(accs.values()))) if accs else None,
-            "weighted_accuracy": _weighted_accuracy(replies),
-            "evaluated_clients": len(accs),
-        }
-        if len(accs) <= 200:
-            out["client_accuracy"] = {str(c): round(a, 5) for c, a in accs.items()}
-        if self.holdouts:
-            out.update(self.evaluate_holdouts(grid))
-        truth = {c: self._truth.get(c, {}).get(step) for c in accs}
-        truth = {c: k for c, k in truth.items() if k is not None}
-        if truth:
-            from sklearn.metrics import adjusted_rand_score
-
-            labels = {c: self.cluster_label(c) for c in truth}
-            pairs = [(truth[c], -1 if labels[c] is None else labels[c]) for c in truth]
-            out["ari"] = float(adjusted_rand_score([p[0] for p in pairs], [p[1] for p in pairs]))
-            out["concept_cluster_mass"] = self.concept_cluster_mass(truth)
-            if self.round == 1 or self.exp.time_step(self.round - 1) != step:
-                # a drift happens when a step brings data of another concept: count it once
-                before = {c: self._truth.get(c, {}).get(step - 1) for c in truth}
-                out["drifted_clients"] = sum(
-                    1 for c in truth if before[c] is not None and before[c] != truth[c]
-                )
+    def _server_evaluation(self, rnd: int) -> dict[str, Any]:
+        out = {}
+        for mid in self.clusters_in_use() or sorted(self.models):
+            metrics = self._evaluate_fn(rnd, P.pack_arrays(self.models[mid]))
+            if metrics is not None:
+                out[str(mid)] = dict(metrics)
         return out
-
-    def evaluate_holdouts(self, grid: Grid) -> dict[str, Any]:
-        tasks = {c: t for c in sorted(self.holdouts & set(self.clients))
-                 if (t := self.global_eval_task(c)) is not None}
-        replies = self.exchange(grid, P.EVALUATE, tasks)
-        accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
-        return {
-            "global_accuracy": float(np.mean(list(accs.values()))) if accs else None,
-            "global_client_accuracy": {str(c): round(a, 5) for c, a in accs.items()},
-        }
-
-    def concept_cluster_mass(self, truth: dict[int, int]) -> dict[str, dict[str, float]]:
-        """Concept -> cluster -> summed assignment weight of that concept's clients (soft
-        weights, or 1 on the hard cluster): the paper's concept-by-cluster mass matrix."""
-        mass: dict[str, dict[str, float]] = {}
-        for cid, concept in sorted(truth.items()):
-            rec = self.clients[cid]
-            weights = rec.soft or ({rec.cluster: 1.0} if rec.cluster is not None else {})
-            row = mass.setdefault(str(concept), {})
-            for mid, w in sorted(weights.items()):
-                row[str(mid)] = round(row.get(str(mid), 0.0) + float(w), 6)
-        return mass
 
     @staticmethod
     def _fresh_stats() -> dict[str, Any]:
@@ -582,6 +636,7 @@ class ClusteredStrategy(Strategy):
             "clients": [asdict(r) | {"soft": _keys_to_str(r.soft)} for r in self.clients.values()],
             "truth": {str(c): {str(s): k for s, k in d.items()} for c, d in self._truth.items()},
             "rng": self.rng.bit_generator.state,
+            "protocol_state": self.protocol.state(),
             "strategy_state": self.strategy_state(),
         }
         return meta, dict(self.models)
@@ -606,6 +661,7 @@ class ClusteredStrategy(Strategy):
             self.clients[int(r["cid"])] = ClientRecord(**{**r, "soft": soft, "node_id": None})
         self._truth = {int(c): {int(s): int(k) for s, k in d.items()} for c, d in meta["truth"].items()}
         self.rng.bit_generator.state = meta["rng"]
+        self.protocol.load_state(meta["protocol_state"])
         self.load_strategy_state(meta["strategy_state"])
 
     def save_checkpoint(self, path: Path) -> None:
@@ -619,43 +675,12 @@ class ClusteredStrategy(Strategy):
             raise ValueError(f"checkpoint {path} is incomplete: missing {ex}") from None
 
 
-# ---------------------------------------------------------------------- the checkpoint file
-# One .npz: the JSON metadata as bytes under "__meta__", model m's arrays as "model<m>_<i>".
-def write_checkpoint(path: Path, meta: dict[str, Any], models: dict[int, Weights]) -> None:
-    """Atomic: written to a temporary file, then renamed over the old checkpoint."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {f"model{mid}_{i}": a for mid, ws in models.items() for i, a in enumerate(ws)}
-    with atomic_open(path) as fh:
-        np.savez(fh, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
-
-
-def read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[int, Weights]]:
-    """(metadata, models by id) of a checkpoint file, or of the one in a run directory."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / CHECKPOINT_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    try:
-        with np.load(path) as data:
-            meta = json.loads(bytes(data["__meta__"]).decode())
-            models = {}
-            for mid in meta["model_ids"]:
-                n = sum(k.startswith(f"model{mid}_") for k in data.files)
-                models[int(mid)] = [data[f"model{mid}_{i}"] for i in range(n)]
-    except Exception as ex:  # zip, json or key errors: all mean the file is unusable
-        raise ValueError(f"checkpoint {path} is corrupt or not a fedcluster checkpoint: "
-                         f"{type(ex).__name__}: {ex}") from None
-    return meta, models
-
-
-def _weighted_accuracy(replies: list[Reply]) -> float | None:
-    """Test accuracy over all evaluated samples (clients weighted by their test-set size)."""
-    pairs = [(float(r.metrics[P.ACCURACY]), r.num_examples) for r in replies
-             if r.num_examples > 0 and math.isfinite(float(r.metrics[P.ACCURACY]))]
-    total = sum(n for _, n in pairs)
-    return sum(a * n for a, n in pairs) / total if total else None
+def resolve_out_dir(run_config: dict[str, Any], out_dir: str | Path | None = None) -> Path:
+    """``out_dir``, else the run config's ``out-dir``, else ``runs/<strategy>-<scenario>-s<seed>``."""
+    out = str(out_dir or run_config.get("out-dir", "") or "")
+    if not out:
+        out = f"runs/{run_config['strategy']}-{run_config['scenario']}-s{run_config['seed']}"
+    return Path(out).expanduser().resolve()
 
 
 def _keys_to_str(d: dict[int, float] | None) -> dict[str, float] | None:

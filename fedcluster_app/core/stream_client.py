@@ -18,8 +18,19 @@ from flwr.client import NumPyClient
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.experiment import Experiment
-from fedcluster_app.core.models import (build_model, get_weights, initial_weights, scratch_model, set_weights)
-from fedcluster_app.core.training import evaluate, evaluate_mixture, limit_threads, local_train
+from fedcluster_app.core.models import (
+    build_model,
+    get_weights,
+    initial_weights,
+    scratch_model,
+    set_weights,
+)
+from fedcluster_app.core.training import (
+    evaluate,
+    evaluate_mixture,
+    limit_threads,
+    local_train,
+)
 
 PERSONAL_KEY = "personal-model"
 COUNTERS_KEY = "client-counters"

@@ -6,7 +6,8 @@ and compared after it, so behaviour that must not change can be checked bit for 
 
 Each line of the golden file is one run: its name, its run config and every metrics.jsonl
 record and the summary, without wall-clock fields. ``compare`` re-runs each recorded config and
-reports, per run, whether every value is identical.
+reports, per run, every value of metrics.jsonl and summary.json that differs (a summary key the
+golden run lacks is reported as an addition, not a difference).
 """
 
 from __future__ import annotations
@@ -90,26 +91,23 @@ def run_one(name: str, cfg: dict) -> dict:
     return {"name": name, "config": cfg, "rounds": strip(rounds), "summary": strip(summary)}
 
 
-def first_difference(a, b, path="") -> str | None:
+def differences(a, b, path="") -> list[str]:
+    """Every place where ``b`` differs from ``a``, as ``path: golden != new``."""
     if type(a) is not type(b):
-        return f"{path}: {a!r} != {b!r}"
+        return [f"{path}: {a!r} != {b!r}"]
     if isinstance(a, dict):
+        out = []
         for k in sorted(set(a) | set(b)):
             if k not in a or k not in b:
-                return f"{path}.{k}: only in {'golden' if k in a else 'new'}"
-            d = first_difference(a[k], b[k], f"{path}.{k}")
-            if d:
-                return d
-        return None
+                out.append(f"{path}.{k}: only in {'golden' if k in a else 'new'}")
+            else:
+                out += differences(a[k], b[k], f"{path}.{k}")
+        return out
     if isinstance(a, list):
         if len(a) != len(b):
-            return f"{path}: length {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            d = first_difference(x, y, f"{path}[{i}]")
-            if d:
-                return d
-        return None
-    return None if a == b else f"{path}: {a!r} != {b!r}"
+            return [f"{path}: length {len(a)} != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
 def main(argv=None) -> int:
@@ -140,15 +138,24 @@ def main(argv=None) -> int:
             bad += 1
             continue
         rec = run_one(name, golden[name]["config"])
-        want = {**golden[name], "rounds": strip(golden[name]["rounds"]),
-                "summary": strip(golden[name]["summary"])}
-        diff = first_difference(want, rec)
-        print(f"{name}: {'identical' if diff is None else 'DIFFERS ' + diff}", flush=True)
-        bad += diff is not None
+        metrics = differences(strip(golden[name]["rounds"]), rec["rounds"], "metrics")
+        summary = differences(strip(golden[name]["summary"]), rec["summary"], "summary")
+        added = [d for d in summary if d.endswith("only in new")]
+        changed = [d for d in summary if d not in added]
+        verdict = "metrics identical" if not metrics else f"METRICS DIFFER ({len(metrics)})"
+        if changed:
+            verdict += f"; SUMMARY DIFFERS ({len(changed)})"
+        elif added:
+            verdict += "; summary adds " + ", ".join(d.split(":")[0] for d in added)
+        print(f"{name}: {verdict}", flush=True)
+        for d in (metrics + changed)[:8]:
+            print(f"    {d}")
+        bad += bool(metrics or changed)
     missing = sorted(set(golden) - {n for n, _ in wanted}) if not args.only else []
     for name in missing:
         print(f"{name}: in the golden file, no longer a registered run")
-    print(f"{len(wanted) - bad} of {len(wanted)} runs identical; {len(missing)} golden runs gone")
+    print(f"{len(wanted) - bad} of {len(wanted)} runs with identical metrics and summary values; "
+          f"{len(missing)} golden runs gone")
     return 1 if bad or missing else 0
 
 

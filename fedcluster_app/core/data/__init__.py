@@ -9,12 +9,25 @@ programmatic schedules, ``generators.py`` / ``drift.py`` for how concepts become
 """
 
 from fedcluster_app.core.data.loaders import load_image_dataset
-from fedcluster_app.core.data.scenarios import (DRIFT_PATTERNS, SCENARIO_NAMES, Scenario, StepData,
-                                                build_scenario, list_scenarios, register_scenario,
-                                                scenario_names)
-from fedcluster_app.core.data.schedules import (bundled_schedule, bundled_schedule_names,
-                                                incremental, load_cp, recurring, staggered_random,
-                                                sudden)
+from fedcluster_app.core.data.scenarios import (
+                                                DRIFT_PATTERNS,
+                                                SCENARIO_NAMES,
+                                                Scenario,
+                                                StepData,
+                                                build_scenario,
+                                                list_scenarios,
+                                                register_scenario,
+                                                scenario_names,
+)
+from fedcluster_app.core.data.schedules import (
+                                                bundled_schedule,
+                                                bundled_schedule_names,
+                                                incremental,
+                                                load_cp,
+                                                recurring,
+                                                staggered_random,
+                                                sudden,
+)
 
 __all__ = [
     "DRIFT_PATTERNS",

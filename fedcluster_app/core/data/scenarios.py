@@ -65,8 +65,28 @@ from pathlib import Path
 import numpy as np
 
 from fedcluster_app.core.data import schedules as sch
-from fedcluster_app.core.data.drift import (FEDCCFA_SWAP_PAIRS, ClassConcept, ClassRealisation, ImageSource, MixtureSource, TabularRealisation, client_prior, cyclic_permutation, fedccfa_group, interpolate, swap_permutation)
-from fedcluster_app.core.data.generators import (CIRCLE_CONCEPTS, SEA_THRESHOLDS, SINE_CONCEPTS, SeaConcept, digits_pools, mixture_means, torchvision_pools)
+from fedcluster_app.core.data.drift import (
+    FEDCCFA_SWAP_PAIRS,
+    ClassConcept,
+    ClassRealisation,
+    ImageSource,
+    MixtureSource,
+    TabularRealisation,
+    client_prior,
+    cyclic_permutation,
+    fedccfa_group,
+    interpolate,
+    swap_permutation,
+)
+from fedcluster_app.core.data.generators import (
+    CIRCLE_CONCEPTS,
+    SEA_THRESHOLDS,
+    SINE_CONCEPTS,
+    SeaConcept,
+    digits_pools,
+    mixture_means,
+    torchvision_pools,
+)
 
 __all__ = [
     "DRIFT_PATTERNS",

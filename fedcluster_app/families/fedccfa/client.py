@@ -36,54 +36,44 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.models import build_model, get_weights, set_weights
-from fedcluster_app.core.training import as_tensor
+from fedcluster_app.core.models import (
+    build_model,
+    get_weights,
+    set_weights,
+    split_model,
+)
 from fedcluster_app.core.stream_client import StreamClient
-
-TRAIN_KIND = "train.fedccfa"
-EVAL_KIND = "query.fedccfa_eval"
-EXTRA = "ccfa"                      # extra.<name> of the classifier/anchor record in a reply
+from fedcluster_app.core.training import as_tensor
+from fedcluster_app.core.training import evaluate as evaluate_model
+from fedcluster_app.families.fedccfa.wire import (
+    ALIGNED,
+    ENTROPY,
+    EPOCHS_RUN,
+    EVAL_KIND,
+    EXTRA,
+    GEN_ACCURACY,
+    LAMBDA,
+    PENDING_ANCHOR_CLASSES,
+    PENDING_ANCHORS,
+    PENDING_CLASSES,
+    PENDING_ROUND,
+    PENDING_ROWS,
+    PERSONAL_AGE,
+    TRAIN_KIND,
+    FlashParams,
+    SGDParams,
+    read_params,
+)
 
 STATE_CLASSIFIER = "fedccfa.personal-classifier"   # ArrayRecord [W (C x d), b (C,)]
 STATE_ANCHORS = "fedccfa.anchors"                  # ArrayRecord [A (C x d), mask (C,)]
 STATE_META = "fedccfa.meta"                        # MetricRecord: trained-round, personal-age, ...
 
-# config keys (server -> client)
-ALGO = "ccfa-algo"
-PENDING_ROUND = "ccfa-pending-round"
-PENDING_CLASSES = "ccfa-pending-classes"
-PENDING_ROWS = "ccfa-pending-rows"
-PENDING_ANCHOR_CLASSES = "ccfa-pending-anchor-classes"
-PENDING_ANCHORS = "ccfa-pending-anchors"
 
-# metric keys (client -> server)
-GEN_ACCURACY = "gen-accuracy"
-ENTROPY = "label-entropy"
-LAMBDA = "align-weight"
-ALIGNED = "aligned"
-PERSONAL_AGE = "personal-age"       # rounds the personal classifier has been trained in a row
-EPOCHS_RUN = "epochs-run"
-
-
-def hp(config: dict, key: str, default: Any) -> Any:
-    return config.get(f"ccfa-{key}", default)
-
-
-# ------------------------------------------------------------------------------- model parts
-def split_model(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
-    """``(features, classifier)``; the classifier must be the last ``nn.Linear``."""
-    features = getattr(model, "features", None)
-    head = getattr(model, "classifier", None)
-    if not isinstance(head, nn.Linear) or features is None or not any(
-            True for _ in features.parameters()):
-        raise ValueError("this model has no separable classifier head (a feature extractor with "
-                         "parameters followed by a linear classifier)")
-    return features, head
-
-
-def _sgd(params, lr: float, config: dict) -> torch.optim.Optimizer:
-    return torch.optim.SGD(list(params), lr=float(lr), momentum=float(hp(config, "momentum", 0.9)),
-                           weight_decay=float(hp(config, "weight-decay", 1e-5)))
+# ------------------------------------------------------------------------------- helpers
+def _sgd(params, lr: float, p: SGDParams) -> torch.optim.Optimizer:
+    return torch.optim.SGD(list(params), lr=float(lr), momentum=float(p.momentum),
+                           weight_decay=float(p.weight_decay))
 
 
 def _freeze(module: nn.Module, frozen: bool) -> None:
@@ -100,9 +90,9 @@ def _epochs(n: int, epochs: int, batch: int, rng: np.random.Generator) -> list[n
 
 
 def _train_head(head: nn.Linear, z: torch.Tensor, y: torch.Tensor, batches: list[np.ndarray],
-                lr: float, config: dict) -> float:
+                lr: float, p: SGDParams) -> float:
     """Train only the classifier on fixed features ``z`` (the extractor is frozen)."""
-    opt = _sgd(head.parameters(), lr, config)
+    opt = _sgd(head.parameters(), lr, p)
     total = 0.0
     for idx in batches:
         i = torch.from_numpy(np.asarray(idx))
@@ -169,18 +159,20 @@ def apply_pending(client: StreamClient, config: dict) -> bool:
 
 # ------------------------------------------------------------------------------- training
 def _begin(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]], kind: str
-           ) -> tuple[int, list[np.ndarray], str]:
-    """What every FedCCFA-family message starts with: its one model, the algorithm, and the
-    server's pending results of the client's last training applied to its personal state."""
+           ) -> tuple[int, list[np.ndarray], str, SGDParams]:
+    """What every FedCCFA-family message starts with: its one model, the algorithm and its
+    hyper-parameters, and the server's pending results of the client's last training applied
+    to its personal state."""
     if len(models) != 1:
         raise ValueError(f"{kind} needs exactly one model, got {sorted(models)}")
     (mid, weights), = models.items()
+    algo, p = read_params(config)
     apply_pending(client, config)
-    return mid, weights, str(config.get(ALGO, "fedccfa"))
+    return mid, weights, algo, p
 
 
 def train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
-    mid, weights, algo = _begin(client, config, models, TRAIN_KIND)
+    mid, weights, algo, p = _begin(client, config, models, TRAIN_KIND)
     rnd = int(config[P.ROUND])
     x, y = client.train_data(int(config[P.STEP]))
     if len(y) == 0:
@@ -191,27 +183,24 @@ def train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]
     features, head = split_model(model)
     rng = client.rng(rnd, 7_000 + mid)
     xt, yt = as_tensor(x), as_tensor(y, np.int64)
-    batch = int(hp(config, "batch-size", 64))
+    batch = p.batch_size
     metrics: dict[str, Any] = {P.NUM_EXAMPLES: int(len(y))}
     extra = None
     if algo in ("fedccfa", "fedrep"):
-        extra = _train_decoupled(client, config, algo, model, features, head, xt, yt, rng, batch,
+        extra = _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
                                  rnd, metrics)
     elif algo == "fedbabu":
         _freeze(head, True)
         metrics[P.TRAIN_LOSS] = _train_full(model, features.parameters(), xt, yt, rng, batch,
-                                            int(hp(config, "ext-epochs", 5)),
-                                            float(hp(config, "ext-lr", 0.01)), config)
+                                            p.ext_epochs, p.ext_lr, p)
         _freeze(head, False)
     elif algo == "flash":
-        metrics.update(_train_flash(client, config, model, xt, yt, rng, batch))
-    else:
-        raise ValueError(f"unknown {ALGO} {algo!r}")
+        metrics.update(_train_flash(client, config, p, model, xt, yt, rng, batch))
     return metrics, {mid: get_weights(model)}, {}, ({EXTRA: extra} if extra is not None else {})
 
 
-def _train_full(model, params, xt, yt, rng, batch, epochs, lr, config) -> float:
-    opt = _sgd([p for p in params if p.requires_grad], lr, config)
+def _train_full(model, params, xt, yt, rng, batch, epochs, lr, p: SGDParams) -> float:
+    opt = _sgd([w for w in params if w.requires_grad], lr, p)
     total, batches = 0.0, _epochs(len(yt), epochs, batch, rng)
     for idx in batches:
         i = torch.from_numpy(idx)
@@ -223,7 +212,7 @@ def _train_full(model, params, xt, yt, rng, batch, epochs, lr, config) -> float:
     return total / max(1, len(batches))
 
 
-def _train_decoupled(client, config, algo, model, features, head, xt, yt, rng, batch, rnd,
+def _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch, rnd,
                      metrics) -> list[np.ndarray] | None:
     C = head.out_features
     phi0 = [head.weight.detach().clone(), head.bias.detach().clone()]
@@ -235,12 +224,11 @@ def _train_decoupled(client, config, algo, model, features, head, xt, yt, rng, b
     # 1. balanced classifier (clustering input): phi(0) + s steps on m samples of every class
     if algo == "fedccfa":
         present = np.flatnonzero(counts > 0)
-        m = int(min(int(hp(config, "bal-per-class", 5)), counts[present].min()))
+        m = int(min(p.bal_per_class, counts[present].min()))
         y_np = yt.numpy()
         idx = np.concatenate([rng.choice(np.flatnonzero(y_np == c), size=m, replace=False)
                               for c in present])
-        _train_head(head, z_all, yt, [idx] * int(hp(config, "bal-steps", 5)),
-                    float(hp(config, "bal-lr", 0.1)), config)
+        _train_head(head, z_all, yt, [idx] * p.bal_steps, p.bal_lr, p)
         bal = [head.weight.detach().numpy().copy(), head.bias.detach().numpy().copy()]
     # 2. personal classifier: the stored one, else the balanced one (FedRep: phi(0)), 1 epoch
     meta = _meta(client)
@@ -255,14 +243,11 @@ def _train_decoupled(client, config, algo, model, features, head, xt, yt, rng, b
                 head.weight.copy_(phi0[0])
                 head.bias.copy_(phi0[1])
             age = 1
-    _train_head(head, z_all, yt, _epochs(len(yt), int(hp(config, "clf-epochs", 1)), batch, rng),
-                float(hp(config, "clf-lr", 0.1)), config)
+    _train_head(head, z_all, yt, _epochs(len(yt), p.clf_epochs, batch, rng), p.clf_lr, p)
     # 3. entropy weight
     entropy = float(-(lambda p: (p * np.log(p)).sum())(counts[counts > 0] / counts.sum()))
     if algo == "fedccfa":
-        mode = str(hp(config, "weight-mode", "entropy"))
-        lam = entropy / float(hp(config, "gamma", 20.0)) if mode == "entropy" else float(
-            hp(config, "fixed-weight", 0.0))
+        lam = entropy / p.gamma if p.weight_mode == "entropy" else p.fixed_weight
     else:
         lam = 0.0
     # 4. extractor: CE + lambda * alignment to the held anchors, classifier frozen
@@ -270,19 +255,18 @@ def _train_decoupled(client, config, algo, model, features, head, xt, yt, rng, b
     _freeze(head, True)
     d = head.in_features
     a_held, a_mask = anchors(client, C, d)
-    align = (algo == "fedccfa" and lam > 0 and rnd - 1 >= int(hp(config, "align-start", 20))
+    align = (algo == "fedccfa" and lam > 0 and rnd - 1 >= p.align_start
              and bool(a_mask.all()))
     a_t = torch.from_numpy(a_held) if align else None
-    tau = float(hp(config, "tau", 0.1))
-    opt = _sgd(features.parameters(), float(hp(config, "ext-lr", 0.01)), config)
-    total, batches = 0.0, _epochs(len(yt), int(hp(config, "ext-epochs", 5)), batch, rng)
+    opt = _sgd(features.parameters(), p.ext_lr, p)
+    total, batches = 0.0, _epochs(len(yt), p.ext_epochs, batch, rng)
     for idx in batches:
         i = torch.from_numpy(idx)
         opt.zero_grad(set_to_none=True)
         z = features(xt[i])
         loss = F.cross_entropy(head(z), yt[i])
         if align:
-            loss = loss + lam * alignment_loss(z, yt[i], a_t, tau)
+            loss = loss + lam * alignment_loss(z, yt[i], a_t, p.tau)
         loss.backward()
         opt.step()
         total += float(loss.detach())
@@ -312,23 +296,19 @@ def _train_decoupled(client, config, algo, model, features, head, xt, yt, rng, b
     return [bal[0], bal[1], personal[0], personal[1], local, mask]
 
 
-def _train_flash(client, config, model, xt, yt, rng, batch) -> dict[str, Any]:
+def _train_flash(client, config, p: FlashParams, model, xt, yt, rng, batch) -> dict[str, Any]:
     """Flash client: up to E epochs, early stop when 0 < prev - loss < threshold/(epoch+1), with
     the validation loss on the client's test split of the step; prev persists across rounds."""
-    from fedcluster_app.core.training import evaluate as _evaluate
-
     xv, yv = client.test_data(int(config[P.STEP]))
     meta = _meta(client)
     prev = float(meta.get("flash-prev-loss", float("inf")))
-    thr = float(hp(config, "flash-threshold", 0.004))
-    lr = float(hp(config, "ext-lr", 0.01))
-    epochs = int(hp(config, "ext-epochs", 5))
+    thr, lr, epochs = p.threshold, p.lr, p.epochs
     loss = 0.0
     run = 0
     for e in range(epochs):
-        _train_full(model, model.parameters(), xt, yt, rng, batch, 1, lr, config)
+        _train_full(model, model.parameters(), xt, yt, rng, batch, 1, lr, p)
         run += 1
-        val, _ = _evaluate(model, xv, yv)
+        val, _ = evaluate_model(model, xv, yv)
         model.train()
         gap = prev - val
         prev, loss = val, val
@@ -368,7 +348,7 @@ def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, fl
 
 
 def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
-    _, weights, algo = _begin(client, config, models, EVAL_KIND)
+    _, weights, algo, p = _begin(client, config, models, EVAL_KIND)
     step = int(config[P.STEP])
     model = build_model(client.exp.spec, 0)
     set_weights(model, weights)
@@ -379,13 +359,12 @@ def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarr
             with torch.no_grad():
                 head.weight.copy_(torch.from_numpy(clf[0]))
                 head.bias.copy_(torch.from_numpy(clf[1]))
-    elif algo == "fedbabu" and int(hp(config, "ft-epochs", 5)) > 0:
+    elif algo == "fedbabu" and p.ft_epochs > 0:
         x, y = client.train_data(step)
         rng = client.rng(int(config[P.ROUND]), 8_000)
         model.train()
         _train_full(model, model.parameters(), as_tensor(x), as_tensor(y, np.int64), rng,
-                    int(hp(config, "batch-size", 64)), int(hp(config, "ft-epochs", 5)),
-                    float(hp(config, "ft-lr", 0.01)), config)
+                    p.batch_size, p.ft_epochs, p.ft_lr, p)
     x, y = client.test_data(step)
     loss, acc = _accuracy(model, x, y)
     metrics: dict[str, Any] = {P.LOSS: loss, P.NUM_EXAMPLES: int(len(y)), P.ACCURACY: acc}

@@ -1,25 +1,36 @@
-"""FedCCFA (Chen et al., NeurIPS 2024) and the baselines it is compared with: FedRep, FedBABU,
-Flash (spec ``fedccfa.md``; FedProx is ``fedprox``; Adaptive-FedAvg with the spec's per-round
-constants is ``adaptive-fedavg-rounds``, from ``adaptive_lr``, listed here for the registry).
+"""FedCCFA and the personalised baselines it is compared with: FedRep, FedBABU, Flash.
 
-FedCCFA, server side (2.5): sample-weighted FedAvg of the clients' feature extractors (the
-server's classifier stays phi(0) for ever); then, for every class c, the MADD distance between
-the sampled clients' *balanced* class-c classifier rows (incl. bias), DBSCAN(eps, min_samples)
-over it, and inside every cluster of >= 2 clients the uniform mean of their *personal* class-c
-rows and of their class-c anchors. Singletons keep their own row and anchor. Fewer than 3
-usable replies: no clustering that round (MADD needs 3). The results reach a client with its
-next message (train or evaluate) and are applied to its personal classifier and anchors, which
-live in the client's ``context.state`` (``clients/fedccfa.py``).
+FedCCFA: "Classifier Clustering and Feature Alignment for Federated Learning under Distributed
+Concept Drift", Chen, Xue, Li, Huang, Pan, Wu, NeurIPS 2024, https://arxiv.org/abs/2410.18478.
+FedRep: "Exploiting Shared Representations for Personalized Federated Learning", Collins et
+al., ICML 2021, https://arxiv.org/abs/2102.07078. FedBABU: "FedBABU: Toward Enhanced
+Representation for Federated Image Classification", Oh, Kim, Yun, ICLR 2022,
+https://arxiv.org/abs/2106.06042. Flash: "Flash: Concept Drift Adaptation in Federated
+Learning", Panchal et al., ICML 2023, https://proceedings.mlr.press/v202/panchal23a.html.
 
-Everything runs over two message kinds of ``clients/fedccfa.py``: ``train.fedccfa`` (the five
-client steps, or a baseline's local training, chosen by ``ccfa-algo``) and
-``query.fedccfa_eval`` (personalised ``accuracy`` on the client's own test split and
-generalised ``gen-accuracy`` on the whole relabelled test pool).
+Every client keeps a personal classifier phi_k (and, for FedCCFA, per-class feature anchors) in
+its ``context.state``; the server averages only the feature extractors,
+
+    theta(t+1) = sum_k n_k theta_k(t) / sum_k n_k          (the server's classifier stays phi(0)).
+
+FedCCFA then clusters, for every class c, the sampled clients' *balanced* class-c classifier
+rows: D = MADD over their cosine similarities (Eq. 4), DBSCAN(eps, min_samples) over D; inside
+every cluster of >= 2 clients the class-c rows of the personal classifiers, and the class-c
+anchors, are replaced by their uniform means. Singletons keep their own. Fewer than 3 usable
+replies: no clustering that round (MADD needs 3). The extractor is trained with
+CE + lambda * L_align, L_align the contrastive loss of the features to the anchors (Eq. 8) and
+lambda = H(P_k(Y)) / gamma (Eq. 9). The results reach a client with its next message and are
+applied to its personal state. The choices where the paper is silent: docs/fedccfa.md.
+
+Everything runs over two message kinds of ``client.py``: ``train.fedccfa`` (the five client
+steps, or a baseline's local training, chosen by ``ccfa-algo``) and ``query.fedccfa_eval``
+(personalised ``accuracy`` on the client's own test split and generalised ``gen-accuracy`` on
+the whole relabelled test pool). FedProx is the foundation's ``fedprox``, Adaptive-FedAvg with
+the paper's per-round constants its ``adaptive-fedavg-rounds``.
 """
 
 from __future__ import annotations
 
-import math
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
@@ -27,37 +38,39 @@ import numpy as np
 from flwr.common.logger import log
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.families.fedccfa import client as C
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.models import build_model
-from fedcluster_app.families.foundation.adaptive_fedavg import AdaptiveFedAvgRounds
-from fedcluster_app.core.strategy import (ClusteredStrategy, RejectedReply, Reply, Task, weighted_average)
-from fedcluster_app.families.fedccfa.classifiers import dbscan_labels, drift_recovery, madd
+from fedcluster_app.core.models import build_model, split_model
+from fedcluster_app.core.strategy import (
+    ClusteredStrategy,
+    RejectedReply,
+    Reply,
+    Task,
+    weighted_average,
+)
+from fedcluster_app.families.fedccfa import wire as W
+from fedcluster_app.families.fedccfa.classifiers import (
+    dbscan_labels,
+    drift_recovery,
+    madd,
+)
 
 SUPPORTED_MODELS = "the 'cnn', or the 'mlp' with hidden > 0"
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
 
 
 class _GeneralisedEval(ClusteredStrategy):
     """Shared machinery: one global model (id 0), train.fedccfa / query.fedccfa_eval messages,
     per-client pending server results, generalised accuracy in metrics.jsonl."""
 
-    message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: C.TRAIN_KIND, P.EVALUATE: C.EVAL_KIND}
+    message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: W.TRAIN_KIND, P.EVALUATE: W.EVAL_KIND}
     algo: ClassVar[str] = ""
     needs_head: ClassVar[bool] = True
-    DEFAULTS: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        self.h = self._read_hparams()
         if self.needs_head:
             spec = experiment.spec
             try:
-                C.split_model(build_model(spec, 0))
+                split_model(build_model(spec, 0))
             except ValueError:
                 desc = f"{spec.kind}" + (f" with hidden={spec.hidden}" if spec.kind == "mlp" else "")
                 raise ConfigError(
@@ -71,48 +84,10 @@ class _GeneralisedEval(ClusteredStrategy):
         self._rejected_rows: list[int] = []
         self._ages: list[int] = []
 
-    # ---------------------------------------------------------------- hyper-parameters
-    def _read_hparams(self) -> dict[str, Any]:
-        raw = self.hparams()
-        unknown = sorted(set(raw) - set(self.DEFAULTS))
-        _check(not unknown, f"{self.name}: unknown key(s) {unknown}; valid keys: "
-                            f"{', '.join(sorted(self.DEFAULTS))}")
-        h = {}
-        for key, default in self.DEFAULTS.items():
-            value = raw.get(key, default)
-            if isinstance(default, bool):
-                _check(isinstance(value, bool), f"{self.name}.{key} must be true or false")
-            elif isinstance(default, int):
-                _check(isinstance(value, (int, float)) and float(value).is_integer(),
-                       f"{self.name}.{key} must be an integer, got {value!r}")
-                value = int(value)
-            elif isinstance(default, float):
-                _check(isinstance(value, (int, float)) and math.isfinite(float(value)),
-                       f"{self.name}.{key} must be a finite number, got {value!r}")
-                value = float(value)
-            h[key] = value
-        for key in ("lr", "bal-lr", "clf-lr", "ext-lr", "ft-lr", "eta-g", "tau", "gamma"):
-            if key in h:
-                _check(h[key] > 0, f"{self.name}.{key} must be > 0, got {h[key]}")
-        for key in ("bal-steps", "bal-per-class", "ext-epochs", "clf-epochs", "batch-size",
-                    "epochs"):
-            if key in h:
-                _check(h[key] >= 1, f"{self.name}.{key} must be >= 1, got {h[key]}")
-        if "momentum" in h:
-            _check(0 <= h["momentum"] < 1, f"{self.name}.momentum must be in [0, 1), got {h['momentum']}")
-        if "weight-decay" in h:
-            _check(h["weight-decay"] >= 0, f"{self.name}.weight-decay must be >= 0")
-        return h
-
     def client_config(self, cid: int) -> dict[str, Any]:
         """What every message to ``cid`` carries: the algorithm, its hyper-parameters and the
         server's pending results of the client's last training."""
-        cfg: dict[str, Any] = {C.ALGO: self.algo}
-        for key, value in self.h.items():
-            if isinstance(value, (bool, int, float, str)):
-                cfg[f"ccfa-{key}"] = value
-        cfg.update(self.pending.get(cid, {}))
-        return cfg
+        return {W.ALGO: self.algo, **self.params.to_message(W.PARAMS), **self.pending.get(cid, {})}
 
     # ---------------------------------------------------------------- hooks
     def on_start(self) -> None:
@@ -138,16 +113,16 @@ class _GeneralisedEval(ClusteredStrategy):
     def check_reply(self, kind: str, reply: Reply) -> None:
         """FedCCFA's classifier/anchor record (``extra.ccfa``) is checked on its own: a bad
         record rejects that client's rows (logged), not its extractor."""
-        if kind == C.EVAL_KIND and C.GEN_ACCURACY in reply.metrics:
-            self._gen[reply.cid] = float(reply.metrics[C.GEN_ACCURACY])
-        if kind != C.TRAIN_KIND:
+        if kind == W.EVAL_KIND and W.GEN_ACCURACY in reply.metrics:
+            self._gen[reply.cid] = float(reply.metrics[W.GEN_ACCURACY])
+        if kind != W.TRAIN_KIND:
             return
-        if C.PERSONAL_AGE in reply.metrics:
-            self._ages.append(int(reply.metrics[C.PERSONAL_AGE]))
-        if C.EXTRA not in reply.extras:
+        if W.PERSONAL_AGE in reply.metrics:
+            self._ages.append(int(reply.metrics[W.PERSONAL_AGE]))
+        if W.EXTRA not in reply.extras:
             return
         try:
-            self._extras[reply.cid] = self.check_extra(reply.extras[C.EXTRA])
+            self._extras[reply.cid] = self.check_extra(reply.extras[W.EXTRA])
         except (ValueError, TypeError) as ex:
             self._rejected_rows.append(reply.cid)
             log(WARNING, "round %d: client %d: classifier rows and anchors rejected this round: %s",
@@ -218,24 +193,10 @@ class FedCCFA(_GeneralisedEval):
     description = ("FedCCFA: shared extractor, personal classifiers clustered per class "
                    "(MADD + DBSCAN), entropy-weighted anchor alignment")
     algo = "fedccfa"
-    DEFAULTS = {
-        "eps": 0.1, "min-samples": 1, "align-start": 20, "tau": 0.1, "gamma": 20.0,
-        "weight-mode": "entropy", "fixed-weight": 0.0, "anchors": "clustered",
-        "bal-lr": 0.1, "bal-steps": 5, "bal-per-class": 5, "clf-lr": 0.1, "clf-epochs": 1,
-        "ext-lr": 0.01, "ext-epochs": 5, "batch-size": 64, "momentum": 0.9, "weight-decay": 1e-5,
-    }
+    Params = W.FedCCFAParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        h = self.h
-        _check(h["eps"] > 0, f"fedccfa.eps must be > 0 (a MADD distance threshold), got {h['eps']}")
-        _check(h["min-samples"] >= 1, f"fedccfa.min-samples must be >= 1, got {h['min-samples']}")
-        _check(h["align-start"] >= 0, f"fedccfa.align-start must be >= 0, got {h['align-start']}")
-        _check(h["weight-mode"] in ("entropy", "fixed"),
-               f"fedccfa.weight-mode must be 'entropy' or 'fixed', got {h['weight-mode']!r}")
-        _check(h["fixed-weight"] >= 0, f"fedccfa.fixed-weight must be >= 0, got {h['fixed-weight']}")
-        _check(h["anchors"] in ("clustered", "global"),
-               f"fedccfa.anchors must be 'clustered' or 'global', got {h['anchors']!r}")
         self.signature: dict[int, list[int]] = {}      # cid -> its cluster index per class
         self._sig_ids: dict[tuple[int, ...], int] = {}
         self._partition: dict[int, list[list[int]]] = {}
@@ -250,7 +211,7 @@ class FedCCFA(_GeneralisedEval):
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:
         self.average_extractor(replies)
-        self._lam = [float(r.metrics.get(C.LAMBDA, 0.0)) for r in replies]
+        self._lam = [float(r.metrics.get(W.LAMBDA, 0.0)) for r in replies]
         ok = [r.cid for r in replies if r.cid in self._extras]
         for r in replies:
             self.pending.pop(r.cid, None)
@@ -269,7 +230,8 @@ class FedCCFA(_GeneralisedEval):
             for c in range(num_classes):
                 ex = [self._extras[k] for k in ok]
                 v = np.stack([np.concatenate([e[0][c], [e[1][c]]]) for e in ex])
-                labels = dbscan_labels(madd(v), self.h["eps"], self.h["min-samples"])
+                labels = dbscan_labels(madd(v), self.params.eps,
+                                        self.params.min_samples)
                 labels_by_class.append(labels)
                 self._partition[c] = [[ok[i] for i in np.flatnonzero(labels == lab)]
                                       for lab in range(int(labels.max()) + 1)]
@@ -284,10 +246,10 @@ class FedCCFA(_GeneralisedEval):
                         res = results[ok[i]]
                         res["classes"].append(c)
                         res["rows"].extend(float(x) for x in row)
-                        if anchor is not None and self.h["anchors"] == "clustered":
+                        if anchor is not None and self.params.anchors == "clustered":
                             res["anchor_classes"].append(c)
                             res["anchors"].extend(float(x) for x in anchor)
-                if self.h["anchors"] == "global":
+                if self.params.anchors == "global":
                     have = [i for i in range(len(ok)) if ex[i][5][c] > 0]
                     if have:
                         anchor = np.mean([ex[i][4][c] for i in have], 0)
@@ -298,13 +260,13 @@ class FedCCFA(_GeneralisedEval):
                 self.signature[cid] = [int(lab[i]) for lab in labels_by_class]
             self._class_ari = self._ari_per_class(step, ok, labels_by_class)
         for cid, res in results.items():
-            p: dict[str, Any] = {C.PENDING_ROUND: self.round}
+            p: dict[str, Any] = {W.PENDING_ROUND: self.round}
             if res["classes"]:
-                p[C.PENDING_CLASSES] = res["classes"]
-                p[C.PENDING_ROWS] = res["rows"]
+                p[W.PENDING_CLASSES] = res["classes"]
+                p[W.PENDING_ROWS] = res["rows"]
             if res["anchor_classes"]:
-                p[C.PENDING_ANCHOR_CLASSES] = res["anchor_classes"]
-                p[C.PENDING_ANCHORS] = res["anchors"]
+                p[W.PENDING_ANCHOR_CLASSES] = res["anchor_classes"]
+                p[W.PENDING_ANCHORS] = res["anchors"]
             self.pending[cid] = p
 
     # ---------------------------------------------------------------- ground-truth metrics
@@ -362,20 +324,14 @@ class FedRep(_GeneralisedEval):
     name = "fedrep"
     description = "FedRep: shared extractor, private classifier (1 epoch @0.1, then extractor)"
     algo = "fedrep"
-    DEFAULTS = {"clf-lr": 0.1, "clf-epochs": 1, "ext-lr": 0.01, "ext-epochs": 5,
-                "batch-size": 64, "momentum": 0.9, "weight-decay": 1e-5}
+    Params = W.FedRepParams
 
 
 class FedBABU(_GeneralisedEval):
     name = "fedbabu"
     description = "FedBABU: classifier frozen at its init, extractor averaged; fine-tune to evaluate"
     algo = "fedbabu"
-    DEFAULTS = {"ext-lr": 0.01, "ext-epochs": 5, "ft-lr": 0.01, "ft-epochs": 5,
-                "batch-size": 64, "momentum": 0.9, "weight-decay": 1e-5}
-
-    def __init__(self, experiment) -> None:
-        super().__init__(experiment)
-        _check(self.h["ft-epochs"] >= 0, f"fedbabu.ft-epochs must be >= 0, got {self.h['ft-epochs']}")
+    Params = W.FedBABUParams
 
 
 class Flash(_GeneralisedEval):
@@ -383,24 +339,13 @@ class Flash(_GeneralisedEval):
     description = "Flash: client early stopping on validation loss, drift-aware adaptive server optimiser"
     algo = "flash"
     needs_head = False
-    DEFAULTS = {"lr": 0.01, "epochs": 5, "threshold": 0.004, "eta-g": 0.01, "beta1": 0.9,
-                "beta2": 0.99, "tau": 1e-3, "batch-size": 64, "momentum": 0.9,
-                "weight-decay": 1e-5}
+    Params = W.FlashParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        for key in ("beta1", "beta2"):
-            _check(0 <= self.h[key] < 1, f"flash.{key} must be in [0, 1), got {self.h[key]}")
-        _check(self.h["threshold"] >= 0, f"flash.threshold must be >= 0, got {self.h['threshold']}")
         self.m: list[np.ndarray] | None = None
         self.v: list[np.ndarray] | None = None
         self.delta: list[np.ndarray] | None = None
-
-    def client_config(self, cid: int) -> dict[str, Any]:
-        h = self.h
-        return {C.ALGO: "flash", "ccfa-ext-lr": h["lr"], "ccfa-ext-epochs": h["epochs"],
-                "ccfa-flash-threshold": h["threshold"], "ccfa-batch-size": h["batch-size"],
-                "ccfa-momentum": h["momentum"], "ccfa-weight-decay": h["weight-decay"]}
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:
         items = self.collect_updates(replies).get(self.gid, [])
@@ -409,8 +354,8 @@ class Flash(_GeneralisedEval):
         w = [a.astype(np.float64) for a in self.models[self.gid]]
         avg = weighted_average(items)
         delta = [a.astype(np.float64) - b for a, b in zip(avg, w)]
-        h = self.h
-        b1, b2, tau, eta = h["beta1"], h["beta2"], h["tau"], h["eta-g"]
+        p = self.params
+        b1, b2, tau, eta = p.beta1, p.beta2, p.tau, p.eta_g
         if self.m is None:
             self.m = [np.zeros_like(a) for a in w]
             self.v = [np.full_like(a, tau ** 2) for a in w]

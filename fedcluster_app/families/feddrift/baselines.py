@@ -1,54 +1,151 @@
-"""Baselines of the FedDrift paper under its time-step protocol (feddrift.md section 6).
+"""The FedDrift paper's baselines under its time-step protocol.
 
-Oblivious, Window, Window-2, Oracle-T and Oracle-W live in ``feddrift_protocol``; this module
-adds the IFCA variants and the other baselines. Their hyper-parameters are in
-``[tool.flwr.app.config.feddrift-baselines]``; IFCA's number of models is ``num-clusters``.
+"Federated Learning under Distributed Concept Drift", Jothimurugesan et al., AISTATS 2023,
+https://arxiv.org/abs/2206.00799, section 5 and appendix C. The foundation's strategies serve
+here under the time-step protocol (one implementation for every protocol):
+
+* Oblivious, Window, Window-2: FedAvg on all history / the newest batch / the last two;
+* Oracle-T, Oracle-W: one model per true concept, on all history / the newest batch;
+* IFCA-W: per-round IFCA on the newest batch; CFL, CFL-W: CFL whose clients train on their
+  whole history / the newest batch; Adaptive-FedAvg: its lr adapted once per step.
+
+The paper's other baselines are written for the protocol:
+
+* IFCA(T): K models; once per step each client takes the model of lowest 0-1 error on its new
+  batch (ties at random), then trains it with its history attached per step;
+* Weighted-Linear / Weighted-Exp: FedAvg on all history, every minibatch first drawing a past
+  step t with probability proportional to t / to 2^t;
+* DriftSurf (Tahmasbi et al., ICML 2021): a server-side state machine with a stable and a
+  reactive model;
+* AUE (Brzezinski & Stefanowski 2014): an ensemble of up to 5 models on sliding windows,
+  weighted by their mean squared error on the newest batch, hard vote;
+* KUE (Cano & Krawczyk 2020): 10 models on random feature subspaces and Poisson(1) bootstraps,
+  weighted by Cohen's kappa on the newest batch, the worst replaced every step, soft vote.
+
+Details the paper leaves open follow the authors' code: docs/feddrift.md D15, D16 and D22.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.families.feddrift.client import (BOOTSTRAP, CONFUSION, ENS_VOTE, ENS_WEIGHTS, ENSEMBLE_KIND, MASK, MSE, PROBE_KIND, STEP_WEIGHTS)
-from fedcluster_app.core.config import ConfigError, section
-from fedcluster_app.families.foundation.adaptive_fedavg import AdaptiveLR
-from fedcluster_app.core.strategy import Reply, Task
-from fedcluster_app.families.foundation.cfl import CFLSplitter, flatten
-from fedcluster_app.families.feddrift.protocol import TimeStepProtocol, _average
-
-BASELINES = "feddrift-baselines"
-
-
-def baseline_hparams(raw: dict) -> dict[str, Any]:
-    h = section(raw, BASELINES)
-    out = {
-        "driftsurf_delta": float(h.get("driftsurf-delta", 0.05)),
-        "driftsurf_reactive": int(h.get("driftsurf-reactive", 3)),
-        "cfl_gamma": float(h.get("cfl-gamma", 0.1)),
-        "afa_lr": float(h.get("afa-lr", 0.1)),
-        "afa_beta": float(h.get("afa-beta", 0.5)),
-    }
-    checks = [
-        (0 < out["driftsurf_delta"] <= 1, "feddrift-baselines.driftsurf-delta must be in (0, 1]"),
-        (out["driftsurf_reactive"] >= 1, "feddrift-baselines.driftsurf-reactive must be >= 1"),
-        (0 < out["cfl_gamma"] < 1, "feddrift-baselines.cfl-gamma must be in (0, 1)"),
-        (math.isfinite(out["afa_lr"]) and out["afa_lr"] > 0, "feddrift-baselines.afa-lr must be > 0"),
-        (0 < out["afa_beta"] < 1, "feddrift-baselines.afa-beta must be in (0, 1)"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise ConfigError(f"{msg}, got {h}")
-    return out
+from fedcluster_app.core.hparams import HParams, param
+from fedcluster_app.core.strategy import Task
+from fedcluster_app.families.feddrift.protocol import TimeStepProtocol, TimeStepStrategy
+from fedcluster_app.families.feddrift.wire import (
+    BOOTSTRAP,
+    CONFUSION,
+    ENS_VOTE,
+    ENS_WEIGHTS,
+    ENSEMBLE_KIND,
+    MASK,
+    MSE,
+    PROBE_KIND,
+    STEP_WEIGHTS,
+)
+from fedcluster_app.families.foundation.adaptive_fedavg import AdaptiveFedAvg
+from fedcluster_app.families.foundation.cfl import CFL
+from fedcluster_app.families.foundation.fedavg import FedAvg
+from fedcluster_app.families.foundation.ifca import IFCA
+from fedcluster_app.families.foundation.oracle import Oracle
 
 
-class IFCAT(TimeStepProtocol):
+@dataclass(frozen=True)
+class BaselineParams(HParams):
+    """Hyper-parameters of the FedDrift paper's baselines (one table)."""
+
+    table = "feddrift-baselines"
+    driftsurf_delta: float = param(0.05, "DriftSurf threshold (the authors' code: SINE 0.10, "
+                                   "CIRCLE 0.05, SEA 0.02)", gt=0, le=1)
+    driftsurf_reactive: int = param(3, "DriftSurf reactive-period length r (steps)", ge=1)
+    cfl_gamma: float = param(0.1, "CFL split threshold on sqrt((1 - max cross cosine) / 2)",
+                             gt=0, lt=1)
+    afa_lr: float = param(0.1, "Adaptive-FedAvg initial SGD lr (paper: 0.01 on CIRCLE/SEA, "
+                          "0.1 on SINE-2)", gt=0)
+    afa_beta: float = param(0.5, "Adaptive-FedAvg beta1 = beta2 = beta3", gt=0, lt=1)
+
+
+# ------------------------------------------------------------------ the foundation's, here
+class Oblivious(FedAvg):
+    name = "oblivious"
+    description = "FedDrift baseline: one model, FedAvg on all of each client's history"
+    protocol_factory = TimeStepProtocol.window(0)
+
+
+class Window(FedAvg):
+    name = "window"
+    description = "FedDrift baseline: one model, FedAvg on the newest batch only"
+    protocol_factory = TimeStepProtocol.window(1)
+
+
+class Window2(FedAvg):
+    name = "window-2"
+    description = "FedDrift baseline: one model, FedAvg on the last two batches"
+    protocol_factory = TimeStepProtocol.window(2)
+
+
+class OracleT(Oracle):
+    name = "oracle-t"
+    description = "FedDrift protocol Oracle: one model per true concept, all history"
+    protocol_factory = TimeStepProtocol.window(0)
+
+
+class OracleW(Oracle):
+    name = "oracle-w"
+    description = "FedDrift protocol Oracle-W: one model per true concept, newest batch only"
+    protocol_factory = TimeStepProtocol.window(1)
+
+
+class IFCAW(IFCA):
+    name = "ifca-w"
+    description = "IFCA-W: k models, every round each client trains its lowest-loss one, newest batch"
+    protocol_factory = TimeStepProtocol.window(1)
+    warm_start = True        # everybody trains model 0 in round 1 (D15)
+
+
+class CFLT(CFL):
+    name = "cfl"
+    description = "CFL (Sattler et al.): split clusters by update cosine similarity, all history"
+    Params = BaselineParams
+    protocol_factory = TimeStepProtocol.window(0)
+    aggregate_before_split = False      # the authors' code: a split skips the round's average
+    min_split_members = 2
+
+    def split_settings(self) -> tuple[float, float | None, float | None, int]:
+        return self.params.cfl_gamma, None, None, 0     # the heuristic thresholds, no cap (D16)
+
+
+class CFLW(CFLT):
+    name = "cfl-w"
+    description = "CFL-W: CFL where each client trains on its newest batch only"
+    protocol_factory = TimeStepProtocol.window(1)
+
+
+class AdaptiveFedAvgT(AdaptiveFedAvg):
+    name = "adaptive-fedavg"
+    description = "Adaptive-FedAvg: SGD on the newest batch, lr adapted to the model's drift"
+    Params = BaselineParams
+    protocol_factory = TimeStepProtocol.window(1)
+    per = "step"
+    zero_start = False
+
+    def schedule_constants(self) -> tuple[float, float, float, float]:
+        p = self.params
+        return p.afa_lr, p.afa_beta, p.afa_beta, p.afa_beta
+
+    def client_optimizer(self) -> dict[str, Any]:
+        return {"momentum": 0.0}      # plain SGD; the run's weight decay
+
+
+# ------------------------------------------------------------------ written for the protocol
+class IFCAT(TimeStepStrategy):
     """IFCA(T): k models with distinct inits; once per step each client takes the lowest-error
-    model on its new batch (Algorithm 2), training with history attached per step."""
+    model on its new batch (ties at random), training with history attached per step."""
 
     name = "ifca-t"
     description = "IFCA(T): k models, cluster once per step to the lowest error, all history"
@@ -60,47 +157,16 @@ class IFCAT(TimeStepProtocol):
     def begin_step(self, grid: Grid, tau: int) -> None:
         ids = sorted(self.models)
         if tau == 1:
-            self.W[tau] = {cid: ids[0] for cid in self.clients}
+            for cid in self.clients:
+                self.assign(cid, ids[0])
             return
         errs = self.probe(grid, tau, ids)
-        self.W[tau] = {cid: (self.argmin_random(errs[cid]) if cid in errs
-                             else self.carry_identity(cid, tau)) for cid in sorted(self.clients)}
+        for cid in sorted(self.clients):
+            if cid in errs:
+                self.assign(cid, self.argmin_random(errs[cid]))
 
 
-class IFCAW(TimeStepProtocol):
-    """IFCA-W: per-round IFCA on the newest batch only (past identities forgotten)."""
-
-    name = "ifca-w"
-    description = "IFCA-W: k models, every round each client trains its lowest-loss one, newest batch"
-    train_window = 1
-
-    def on_start(self) -> None:
-        for k in range(self.cfg.num_clusters):
-            self.new_model(self.initial_weights(salt=k))
-
-    def begin_step(self, grid: Grid, tau: int) -> None:
-        ids = sorted(self.models)
-        prev = self.W.get(tau - 1, {})
-        self.W[tau] = {cid: prev.get(cid, ids[0]) for cid in self.clients}
-
-    def train_tasks(self, tau: int, rnd: int) -> dict[int, Task]:
-        ids = sorted(self.models)
-        if tau == 1 and rnd == 1:      # everybody starts on model 0 (section 7 #16)
-            return {cid: Task(models=[ids[0]], config={P.STEP: tau, P.DATA_STEPS: [tau]})
-                    for cid in sorted(self.clients)}
-        return {cid: Task(models=ids, config={P.STEP: tau, P.DATA_STEPS: [tau], P.SELECT: "min-loss"})
-                for cid in sorted(self.clients)}
-
-    def end_round(self, tau: int, rnd: int, replies: list[Reply]) -> None:
-        for r in replies:
-            if P.CHOSEN in r.metrics:
-                self.W[tau][r.cid] = int(r.metrics[P.CHOSEN])
-
-    def active_models(self, tau: int) -> list[int]:
-        return sorted(self.models)
-
-
-class WeightedLinear(TimeStepProtocol):
+class WeightedLinear(Oblivious):
     """One model on all history; each minibatch first picks a past step t with prob. ~ t."""
 
     name = "weighted-linear"
@@ -109,12 +175,12 @@ class WeightedLinear(TimeStepProtocol):
     def step_weight(self, t: int, tau: int) -> float:
         return float(t)
 
-    def train_tasks(self, tau: int, rnd: int) -> dict[int, Task]:
-        tasks = super().train_tasks(tau, rnd)
+    def plan_train(self, step: int) -> dict[int, Task]:
+        tasks = super().plan_train(step)
         for task in tasks.values():
             for m in task.models:
                 steps = task.config[f"{P.DATA_STEPS}.{m}"]
-                task.config[f"{STEP_WEIGHTS}.{m}"] = [self.step_weight(t, tau) for t in steps]
+                task.config[f"{STEP_WEIGHTS}.{m}"] = [self.step_weight(t, step) for t in steps]
         return tasks
 
 
@@ -126,126 +192,18 @@ class WeightedExp(WeightedLinear):
         return 2.0 ** (t - tau)
 
 
-class AdaptiveFedAvg(TimeStepProtocol):
-    """Adaptive-FedAvg: client SGD on the newest batch with a server lr adapted once per step
-    (the shared schedule ``adaptive_lr.AdaptiveLR`` with t = the step, one beta for all three,
-    m^_0 = w_1; ``adaptive-fedavg-rounds`` is the per-round version of the FedCCFA paper)."""
-
-    name = "adaptive-fedavg"
-    description = "Adaptive-FedAvg: SGD on the newest batch, lr adapted to the model's drift"
-    train_window = 1
-
-    def __init__(self, experiment) -> None:
-        super().__init__(experiment)
-        h = baseline_hparams(self.cfg.raw)
-        self.lr0 = h["afa_lr"]
-        self.beta = h["afa_beta"]
-        self.schedule = AdaptiveLR(self.lr0, self.beta, self.beta, self.beta, zero_start=False)
-        self.lr_log: list[float] = []
-
-    @property
-    def lr(self) -> float:
-        return self.schedule.lr
-
-    def train_tasks(self, tau: int, rnd: int) -> dict[int, Task]:
-        tasks = super().train_tasks(tau, rnd)
-        for task in tasks.values():
-            task.config.update({"optimizer": "sgd", "lr": float(self.lr), "momentum": 0.0})
-        return tasks
-
-    def end_step(self, tau: int) -> None:
-        self.lr_log.append(self.schedule.update(flatten(self.models[min(self.models)]), tau))
-
-    def step_metrics(self, tau, accs):
-        return {**super().step_metrics(tau, accs), "lr": self.lr}
-
-    def strategy_state(self) -> dict[str, Any]:
-        return {**super().strategy_state(), **self.schedule.state()}
-
-    def load_strategy_state(self, state: dict[str, Any]) -> None:
-        super().load_strategy_state(state)
-        self.schedule.load_state(state)
-
-
-class CFL(TimeStepProtocol):
-    """CFL (Sattler et al.) over time steps: clusters only split; a client's history follows it."""
-
-    name = "cfl"
-    description = "CFL (Sattler et al.): split clusters by update cosine similarity, all history"
-
-    def __init__(self, experiment) -> None:
-        super().__init__(experiment)
-        self.splitter = CFLSplitter(gamma=baseline_hparams(self.cfg.raw)["cfl_gamma"])
-        self.cluster_of: dict[int, int] = {}
-        self.splits: list = []                      # [step, parent, child, moved clients]
-
-    def begin_step(self, grid: Grid, tau: int) -> None:
-        if not self.models:
-            m0 = self.new_model()
-            self.cluster_of = {cid: m0 for cid in self.clients}
-        for cid in self.clients:
-            self.cluster_of.setdefault(cid, min(self.models))
-        self.W[tau] = dict(self.cluster_of)
-
-    def train_tasks(self, tau: int, rnd: int) -> dict[int, Task]:
-        steps = self.train_steps(tau)
-        return {cid: Task(models=[m], config={P.STEP: tau, f"{P.DATA_STEPS}.{m}": steps})
-                for cid, m in sorted(self.cluster_of.items()) if m in self.models}
-
-    def aggregate(self, tau: int, replies: list[Reply]) -> None:
-        by_model: dict[int, list[Reply]] = {}
-        for r in replies:
-            for m in r.models:
-                by_model.setdefault(m, []).append(r)
-        for m, rs in sorted(by_model.items()):
-            base = flatten(self.models[m])
-            updates = np.stack([flatten(r.models[m]) - base for r in rs])
-            split = self.splitter.propose(updates)
-            if split is not None:
-                child = self.new_model([a.copy() for a in self.models[m]])
-                moved = [rs[i].cid for i in split[1]]
-                for cid in moved:
-                    self.cluster_of[cid] = child
-                    self.W[tau][cid] = child
-                self.splits.append([tau, m, child, moved])
-                continue                      # that round's aggregation is skipped
-            self.models[m] = _average([(r.models[m], float(r.model_metrics[m][P.NUM_EXAMPLES]))
-                                       for r in rs])
-
-    def step_metrics(self, tau, accs):
-        rec = super().step_metrics(tau, accs)
-        rec["splits"] = sum(1 for s in self.splits if s[0] == tau)
-        return rec
-
-    def strategy_state(self) -> dict[str, Any]:
-        return {**super().strategy_state(), "cluster_of": {str(c): m for c, m in self.cluster_of.items()},
-                "max_mean_norm": self.splitter.max_mean_norm, "splits": self.splits}
-
-    def load_strategy_state(self, state: dict[str, Any]) -> None:
-        super().load_strategy_state(state)
-        self.cluster_of = {int(c): int(m) for c, m in state["cluster_of"].items()}
-        self.splitter.max_mean_norm = float(state["max_mean_norm"])
-        self.splits = list(state["splits"])
-
-
-class CFLW(CFL):
-    name = "cfl-w"
-    description = "CFL-W: CFL where each client trains on its newest batch only"
-    train_window = 1
-
-
-class DriftSurf(TimeStepProtocol):
-    """DriftSurf (feddrift.md section 6): a server-side stable/reactive state machine."""
+class DriftSurf(TimeStepStrategy):
+    """DriftSurf: a server-side stable/reactive state machine over pooled probe accuracies."""
 
     name = "driftsurf"
     description = "DriftSurf: centralised drift detector with stable and reactive models"
+    Params = BaselineParams
     MAX_STEPS = 10
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        h = baseline_hparams(self.cfg.raw)
-        self.delta, self.r = h["driftsurf_delta"], h["driftsurf_reactive"]
-        self.state = "stable"
+        self.delta, self.r = self.params.driftsurf_delta, self.params.driftsurf_reactive
+        self.mode = "stable"
         self.p = self.s = self.rm = None            # predictive, stable, reactive model ids
         self.steps: dict[int, list[int]] = {}       # model -> its training steps
         self.acc_best = 0.0
@@ -254,7 +212,7 @@ class DriftSurf(TimeStepProtocol):
         self.switches = 0
 
     def _pooled_acc(self, errs: dict[int, dict[int, float]], m: int, tau: int) -> float:
-        n = {c: self.batch_size(tau, c) for c in errs}
+        n = {c: self.protocol.batch_size(tau, c) for c in errs}
         tot = sum(n.values())
         return sum((1 - e[m]) * n[c] for c, e in errs.items()) / tot if tot else 0.0
 
@@ -272,10 +230,10 @@ class DriftSurf(TimeStepProtocol):
             live = [m for m in (self.p, self.s, self.rm) if m is not None]
             errs = self.probe(grid, tau, live)
             acc = {m: self._pooled_acc(errs, m, tau) for m in live} if errs else {}
-            if self.state == "stable":
+            if self.mode == "stable":
                 acc_p, acc_s = acc.get(self.p, 0.0), acc.get(self.s, 0.0)
                 if errs and (acc_p < self.acc_best - self.delta or acc_p < acc_s - self.delta / 2):
-                    self.state = "reactive"
+                    self.mode = "reactive"
                     self.delete_model(self.s)
                     self.steps.pop(self.s, None)
                     self.s = None
@@ -283,7 +241,7 @@ class DriftSurf(TimeStepProtocol):
                     self._add(self.rm, tau)
                     self._add(self.p, tau)
                     self.reactive_acc = {"p": [], "r": []}
-                    self._events["detected_clients"] = sorted(self.clients)
+                    self.events["detected_clients"] = sorted(self.clients)
                 else:
                     self._add(self.p, tau)
                     self._add(self.s, tau)
@@ -304,7 +262,7 @@ class DriftSurf(TimeStepProtocol):
                         self.delete_model(self.rm)
                         self.steps.pop(self.rm, None)
                     self.rm = None
-                    self.state = "stable"
+                    self.mode = "stable"
                     self.s = self.new_model()
                     self._add(self.s, tau)
                     self._add(self.p, tau)
@@ -313,37 +271,61 @@ class DriftSurf(TimeStepProtocol):
                     self._add(self.p, tau)
                     self._add(self.rm, tau)
                     self.use = self.rm if acc_r > acc_p else self.p
-        self.W[tau] = {cid: self.use for cid in self.clients}
+        for cid in self.clients:
+            self.assign(cid, self.use)
 
-    def active_models(self, tau: int) -> list[int]:
+    def active_models(self, step: int) -> list[int]:
         return sorted(m for m in (self.p, self.s, self.rm) if m is not None)
 
-    def train_tasks(self, tau: int, rnd: int) -> dict[int, Task]:
-        live = self.active_models(tau)
-        cfg: dict[str, Any] = {P.STEP: tau}
+    def plan_train(self, step: int) -> dict[int, Task]:
+        live = self.active_models(step)
+        cfg: dict[str, Any] = {P.STEP: step}
         for m in live:
             cfg[f"{P.DATA_STEPS}.{m}"] = list(self.steps[m])
         return {cid: Task(models=live, config=dict(cfg)) for cid in sorted(self.clients)}
 
-    def step_metrics(self, tau, accs):
-        return {**super().step_metrics(tau, accs), "driftsurf_state": self.state,
-                "switches": self.switches}
+    def round_metrics(self) -> dict[str, Any]:
+        return {"driftsurf_state": self.mode, "switches": self.switches}
 
     def strategy_state(self) -> dict[str, Any]:
-        return {**super().strategy_state(), "ds": {
-            "state": self.state, "p": self.p, "s": self.s, "rm": self.rm, "use": self.use,
+        return {"ds": {
+            "state": self.mode, "p": self.p, "s": self.s, "rm": self.rm, "use": self.use,
             "steps": {str(m): v for m, v in self.steps.items()}, "acc_best": self.acc_best,
             "reactive_acc": self.reactive_acc, "switches": self.switches}}
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
-        super().load_strategy_state(state)
         d = state["ds"]
-        self.state, self.p, self.s, self.rm, self.use = d["state"], d["p"], d["s"], d["rm"], d["use"]
+        self.mode, self.p, self.s, self.rm, self.use = d["state"], d["p"], d["s"], d["rm"], d["use"]
         self.steps = {int(m): list(v) for m, v in d["steps"].items()}
         self.acc_best, self.reactive_acc, self.switches = d["acc_best"], d["reactive_acc"], d["switches"]
 
 
-class AUE(TimeStepProtocol):
+class _Ensemble(TimeStepStrategy):
+    """What AUE and KUE share: members that all train every step, a weighted vote to test."""
+
+    vote: ClassVar[str] = "hard"
+
+    def __init__(self, experiment) -> None:
+        super().__init__(experiment)
+        self.ensemble: list[int] = []
+
+    def active_models(self, step: int) -> list[int]:
+        return sorted(self.ensemble)
+
+    def voters(self) -> tuple[list[int], list[float], dict[str, Any]]:
+        """(model ids, their weights, extra config) of this step's vote."""
+        raise NotImplementedError
+
+    def evaluate_step(self, grid: Grid, tau: int) -> dict[int, float]:
+        ids, weights, extra = self.voters()
+        cfg = {P.STEP: tau + 1, P.TEST_STEP: tau + 1, P.TEST_SPLIT: "train",
+               ENS_WEIGHTS: weights, ENS_VOTE: self.vote, **extra}
+        replies = self.exchange(grid, ENSEMBLE_KIND, {c: Task(models=ids, config=dict(cfg))
+                                                      for c in sorted(self.clients)})
+        return {r.cid: float(r.metrics[P.ACCURACY]) for r in replies if P.ACCURACY in r.metrics}
+
+
+class AUE(_Ensemble):
     """Accuracy Updated Ensemble: up to 5 members, member j trains on the last j+1 batches,
     weights from the pooled MSE on the newest batch, prediction by weighted hard vote."""
 
@@ -354,65 +336,57 @@ class AUE(TimeStepProtocol):
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        self.members: list[int] = []              # newest first
-        self.weights: dict[int, float] = {}
+        self.weights: dict[int, float] = {}       # ensemble: newest first
 
     def begin_step(self, grid: Grid, tau: int) -> None:
         C = self.exp.scenario.num_classes
         mse_r = (1.0 - 1.0 / C) ** 2
         mse: dict[int, float] = {}
-        if self.members:
-            tasks = {cid: Task(models=list(self.members), config={P.STEP: tau, P.DATA_STEPS: [tau]})
+        if self.ensemble:
+            tasks = {cid: Task(models=list(self.ensemble), config={P.STEP: tau, P.DATA_STEPS: [tau]})
                      for cid in sorted(self.clients)}
-            num = {m: 0.0 for m in self.members}
+            num = {m: 0.0 for m in self.ensemble}
             den = 0.0
-            for r in self.send(grid, PROBE_KIND, tasks):
+            for r in self.exchange(grid, PROBE_KIND, tasks):
                 ids = [int(i) for i in r.metrics.get(P.MODEL_IDS, [])]
                 vals = list(r.metrics.get(MSE, []))
-                if ids != sorted(self.members) or len(vals) != len(ids):
+                if ids != sorted(self.ensemble) or len(vals) != len(ids):
                     continue
                 n = float(r.num_examples)
                 for m, v in zip(ids, vals):
                     num[m] += v * n
                 den += n
             if den > 0:
-                mse = {m: num[m] / den for m in self.members}
-        self.weights = {m: 1.0 / (mse_r + mse[m] + self.EPS) for m in self.members if m in mse}
+                mse = {m: num[m] / den for m in self.ensemble}
+        self.weights = {m: 1.0 / (mse_r + mse[m] + self.EPS) for m in self.ensemble if m in mse}
         new = self.new_model()
         self.weights[new] = 1.0 / (mse_r + self.EPS)
-        self.members.insert(0, new)
-        while len(self.members) > self.SIZE:
-            old = self.members.pop()
+        self.ensemble.insert(0, new)
+        while len(self.ensemble) > self.SIZE:
+            old = self.ensemble.pop()
             self.weights.pop(old, None)
             self.delete_model(old)
-        for m in self.members:
+        for m in self.ensemble:
             self.weights.setdefault(m, 1.0 / (mse_r + self.EPS))
-        self.W[tau] = {cid: new for cid in self.clients}
+        for cid in self.clients:
+            self.assign(cid, new)
 
-    def active_models(self, tau: int) -> list[int]:
-        return sorted(self.members)
+    def plan_train(self, step: int) -> dict[int, Task]:
+        cfg: dict[str, Any] = {P.STEP: step}
+        for j, m in enumerate(self.ensemble):
+            cfg[f"{P.DATA_STEPS}.{m}"] = list(range(max(1, step - j), step + 1))
+        return {cid: Task(models=sorted(self.ensemble), config=dict(cfg))
+                for cid in sorted(self.clients)}
 
-    def train_tasks(self, tau: int, rnd: int) -> dict[int, Task]:
-        cfg: dict[str, Any] = {P.STEP: tau}
-        for j, m in enumerate(self.members):
-            cfg[f"{P.DATA_STEPS}.{m}"] = list(range(max(1, tau - j), tau + 1))
-        return {cid: Task(models=sorted(self.members), config=dict(cfg)) for cid in sorted(self.clients)}
-
-    def evaluate_step(self, grid: Grid, tau: int) -> dict[int, float]:
-        ids = sorted(self.members)
-        cfg = {P.STEP: tau + 1, P.TEST_STEP: tau + 1, P.TEST_SPLIT: "train",
-               ENS_WEIGHTS: [float(self.weights[m]) for m in ids], ENS_VOTE: "hard"}
-        replies = self.send(grid, ENSEMBLE_KIND, {c: Task(models=ids, config=dict(cfg))
-                                                  for c in sorted(self.clients)})
-        return {r.cid: float(r.metrics[P.ACCURACY]) for r in replies if P.ACCURACY in r.metrics}
+    def voters(self) -> tuple[list[int], list[float], dict[str, Any]]:
+        ids = sorted(self.ensemble)
+        return ids, [float(self.weights[m]) for m in ids], {}
 
     def strategy_state(self) -> dict[str, Any]:
-        return {**super().strategy_state(), "members": self.members,
-                "weights": {str(m): w for m, w in self.weights.items()}}
+        return {"members": self.ensemble, "weights": {str(m): w for m, w in self.weights.items()}}
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
-        super().load_strategy_state(state)
-        self.members = [int(m) for m in state["members"]]
+        self.ensemble = [int(m) for m in state["members"]]
         self.weights = {int(m): float(w) for m, w in state["weights"].items()}
 
 
@@ -425,18 +399,18 @@ def cohen_kappa(confusion: np.ndarray) -> float:
     return float((po - pe) / (1 - pe)) if pe < 1 else 0.0
 
 
-class KUE(TimeStepProtocol):
+class KUE(_Ensemble):
     """Kappa Updated Ensemble: 10 models on random feature subspaces, trained on Poisson(1)
     bootstraps of the newest batch; weights = Cohen's kappa on the newest pooled data; the
     lowest-kappa model is replaced by a fresh one each step; kappa-weighted soft vote."""
 
     name = "kue"
     description = "KUE: 10 models on random feature subspaces, kappa weights, replace the worst"
+    vote = "soft"
     SIZE = 10
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        self.members: list[int] = []
         self.masks: dict[int, list[float]] = {}
         self.kappa: dict[int, float] = {}
         self.salt = 0
@@ -453,16 +427,16 @@ class KUE(TimeStepProtocol):
         return m
 
     def begin_step(self, grid: Grid, tau: int) -> None:
-        if not self.members:
-            self.members = [self._fresh() for _ in range(self.SIZE)]
-            self.kappa = {m: 1.0 for m in self.members}
+        if not self.ensemble:
+            self.ensemble = [self._fresh() for _ in range(self.SIZE)]
+            self.kappa = {m: 1.0 for m in self.ensemble}
         else:
-            ids = sorted(self.members)
+            ids = sorted(self.ensemble)
             cfg = {P.STEP: tau, P.DATA_STEPS: [tau], **self._mask_cfg(ids)}
             C = self.exp.scenario.num_classes
             conf = {m: np.zeros((C, C)) for m in ids}
-            for r in self.send(grid, PROBE_KIND, {c: Task(models=ids, config=dict(cfg))
-                                                  for c in sorted(self.clients)}):
+            for r in self.exchange(grid, PROBE_KIND, {c: Task(models=ids, config=dict(cfg))
+                                                      for c in sorted(self.clients)}):
                 flat = list(r.metrics.get(CONFUSION, []))
                 if [int(i) for i in r.metrics.get(P.MODEL_IDS, [])] != ids or len(flat) != len(ids) * C * C:
                     continue
@@ -470,47 +444,40 @@ class KUE(TimeStepProtocol):
                     conf[m] += np.asarray(flat[k * C * C:(k + 1) * C * C]).reshape(C, C)
             self.kappa = {m: cohen_kappa(conf[m]) for m in ids}
             worst = min(ids, key=lambda m: (self.kappa[m], m))
-            self.members.remove(worst)
+            self.ensemble.remove(worst)
             self.delete_model(worst)
             self.masks.pop(worst, None)
             self.kappa.pop(worst, None)
             new = self._fresh()
-            self.members.append(new)
+            self.ensemble.append(new)
             self.kappa[new] = 0.0                   # unknown until measured: not in the vote
-        self.W[tau] = {cid: self.members[0] for cid in self.clients}
+        for cid in self.clients:
+            self.assign(cid, self.ensemble[0])
 
     def _mask_cfg(self, ids: list[int]) -> dict[str, Any]:
         return {f"{MASK}.{m}": self.masks[m] for m in ids}
 
-    def active_models(self, tau: int) -> list[int]:
-        return sorted(self.members)
-
-    def train_tasks(self, tau: int, rnd: int) -> dict[int, Task]:
-        ids = sorted(self.members)
-        cfg = {P.STEP: tau, P.DATA_STEPS: [tau], BOOTSTRAP: True, **self._mask_cfg(ids)}
+    def plan_train(self, step: int) -> dict[int, Task]:
+        ids = sorted(self.ensemble)
+        cfg = {P.STEP: step, P.DATA_STEPS: [step], BOOTSTRAP: True, **self._mask_cfg(ids)}
         return {cid: Task(models=ids, config=dict(cfg)) for cid in sorted(self.clients)}
 
-    def evaluate_step(self, grid: Grid, tau: int) -> dict[int, float]:
-        voters = sorted(m for m in self.members if self.kappa.get(m, 0.0) > 0) or sorted(self.members)
-        weights = [max(self.kappa.get(m, 0.0), 0.0) or 1.0 for m in voters]
-        cfg = {P.STEP: tau + 1, P.TEST_STEP: tau + 1, P.TEST_SPLIT: "train",
-               ENS_WEIGHTS: weights, ENS_VOTE: "soft", **self._mask_cfg(voters)}
-        replies = self.send(grid, ENSEMBLE_KIND, {c: Task(models=voters, config=dict(cfg))
-                                                  for c in sorted(self.clients)})
-        return {r.cid: float(r.metrics[P.ACCURACY]) for r in replies if P.ACCURACY in r.metrics}
+    def voters(self) -> tuple[list[int], list[float], dict[str, Any]]:
+        ids = sorted(m for m in self.ensemble if self.kappa.get(m, 0.0) > 0) or sorted(self.ensemble)
+        weights = [max(self.kappa.get(m, 0.0), 0.0) or 1.0 for m in ids]
+        return ids, weights, self._mask_cfg(ids)
 
-    def step_metrics(self, tau, accs):
-        return {**super().step_metrics(tau, accs),
-                "kappa": {str(m): round(k, 4) for m, k in sorted(self.kappa.items())}}
+    def round_metrics(self) -> dict[str, Any]:
+        return {"kappa": {str(m): round(k, 4) for m, k in sorted(self.kappa.items())}}
 
     def strategy_state(self) -> dict[str, Any]:
-        return {**super().strategy_state(), "members": self.members, "salt": self.salt,
+        return {"members": self.ensemble, "salt": self.salt,
                 "masks": {str(m): v for m, v in self.masks.items()},
                 "kappa": {str(m): v for m, v in self.kappa.items()}}
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
-        super().load_strategy_state(state)
-        self.members = [int(m) for m in state["members"]]
+        self.ensemble = [int(m) for m in state["members"]]
         self.salt = int(state["salt"])
         self.masks = {int(m): list(v) for m, v in state["masks"].items()}
         self.kappa = {int(m): float(v) for m, v in state["kappa"].items()}
+

@@ -1,23 +1,33 @@
-"""FedDrift-Eager, FedDrift, FedDrift-C and their window variants (feddrift.md sections 2.4-2.8).
+"""FedDrift-Eager, FedDrift, FedDrift-C and their window variants.
 
-Hyper-parameters, one table shared by the family, ``[tool.flwr.app.config.feddrift]``:
+"Federated Learning under Distributed Concept Drift", Jothimurugesan, Hsieh, Wang, Joshi,
+Gibbons, AISTATS 2023, https://arxiv.org/abs/2206.00799 (Algorithms 3 and 4, appendix B).
 
-* ``delta``: drift threshold, also the merge threshold (0-1 error units); must be in (0, 1].
-  Paper defaults per dataset [ref-code]: SINE 0.20, CIRCLE 0.10, SEA 0.04, MNIST 0.10.
-* ``subsample``: points per cluster for the distances L_ij (about 1000, section 7 #4).
-* ``init-new``: ``copy`` (the detecting client's best model, ref-code) or ``seeded`` (the run's
-  common initialisation).
-* ``loss``: ``error`` (0-1 error, ref-code) or ``cross-entropy`` for detection and distances.
+Under the time-step protocol (``protocol.py``), at the start of step t every client c measures
+the loss of every eligible model m on its new batch S_c^(t) and takes m* = argmin_m L(m, S_c^(t)).
+It has drifted when (Eq. 4)
 
-Detection (Eq. 4) and clustering decisions read only the clients' loss reports, never the
-ground truth. A client whose probe misses a model or is not finite is left out of detection
-for that step (it keeps its previous identity); one whose distance report is malformed is left
-out of the distance estimate.
+    L(m*, S_c^(t)) > L_c^ref + delta,      L_c^ref = its best loss at the previous step.
+
+* FedDrift-Eager (Alg. 3): all clients that drifted at t share ONE new model.
+* FedDrift (Alg. 4): each drifted client gets its own new (isolated) model; then, every step,
+  clusters i, j are merged hierarchically (complete linkage) while their distance
+  D(i, j) = max(L_ij - L_ii, L_ji - L_jj, 0) < delta, where L_ij is the loss of model i on a
+  sample of cluster j's data; the merged model is the n-weighted average of the two.
+* FedDrift-C: at most one new model per step: the firing clients' local models are resolved
+  at the start of the next step, one kept at random.
+* ``-w`` variants train on the newest batch only (and cluster on steps t-1 and t).
+
+Detection and clustering read only the clients' loss reports, never the ground truth. A
+client whose probe misses a model or is not finite keeps its previous identity for that step;
+one whose distance report is malformed is left out of the distance estimate. The choices where
+the paper is silent are docs/feddrift.md, "Choices where the paper is silent" (Dn below).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
@@ -25,46 +35,45 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.families.feddrift.client import (CLUSTERS, COUNTS, DISTANCE_KIND, ERRORS, QUOTA, STEPS)
-from fedcluster_app.core.config import ConfigError, section
+from fedcluster_app.core.hparams import HParams, param
 from fedcluster_app.core.strategy import Task, weighted_average
-from fedcluster_app.families.feddrift.protocol import TimeStepProtocol
-
-HPARAMS = "feddrift"
-
-
-def feddrift_hparams(raw: dict) -> dict[str, Any]:
-    """The family's validated hyper-parameters (bad values fail before round 1)."""
-    h = section(raw, HPARAMS)
-    delta = float(h.get("delta", 0.1))
-    if not (math.isfinite(delta) and 0.0 < delta <= 1.0):
-        raise ConfigError(f"feddrift.delta (drift and merge threshold) must be in (0, 1], got {delta}")
-    sub = int(h.get("subsample", 1000))
-    if sub < 1:
-        raise ConfigError(f"feddrift.subsample must be >= 1 point per cluster, got {sub}")
-    init = str(h.get("init-new", "copy"))
-    if init not in ("copy", "seeded"):
-        raise ConfigError(f"feddrift.init-new must be 'copy' or 'seeded', got {init!r}")
-    loss = str(h.get("loss", "error"))
-    if loss not in ("error", "cross-entropy"):
-        raise ConfigError(f"feddrift.loss must be 'error' or 'cross-entropy', got {loss!r}")
-    return {"delta": delta, "subsample": sub, "init_new": init, "loss": loss}
+from fedcluster_app.families.feddrift.protocol import TimeStepProtocol, TimeStepStrategy
+from fedcluster_app.families.feddrift.wire import (
+    CLUSTERS,
+    COUNTS,
+    DISTANCE_KIND,
+    ERRORS,
+    QUOTA,
+    STEPS,
+)
 
 
-class FedDriftEager(TimeStepProtocol):
+@dataclass(frozen=True)
+class FedDriftParams(HParams):
+    """The FedDrift family's hyper-parameters (one table for all its variants)."""
+
+    table = "feddrift"
+    delta: float = param(0.1, "drift and merge threshold in 0-1 error units (the authors' "
+                         "code: SINE 0.20, CIRCLE 0.10, SEA 0.04; D17)", gt=0, le=1)
+    subsample: int = param(1000, "points per cluster for the cluster distances L_ij (D4)", ge=1)
+    init_new: str = param("copy", "new model = a copy of the detecting client's best model "
+                          "(D6) | seeded: the run's common initialisation",
+                          choices=("copy", "seeded"))
+    loss: str = param("error", "loss of detection and distances: 0-1 error (D1) | "
+                      "cross-entropy", choices=("error", "cross-entropy"))
+
+
+class FedDriftEager(TimeStepStrategy):
     """Algorithm 3: one shared new model for all clients that detect drift in a step."""
 
     name = "feddrift-eager"
     description = "FedDrift-Eager: local drift detection, one new cluster per step, no merging"
+    Params = FedDriftParams
     merging: ClassVar[bool] = False
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        h = feddrift_hparams(self.cfg.raw)
-        self.delta = h["delta"]
-        self.subsample = h["subsample"]
-        self.init_new = h["init_new"]
-        self.loss_kind = "error" if h["loss"] == "error" else "cross-entropy"
+        self.loss_kind = self.params.loss
         self.ref: dict[int, float] = {}
         self.isolated: set[int] = set()
         self.last_distances: dict[str, float] = {}
@@ -72,17 +81,19 @@ class FedDriftEager(TimeStepProtocol):
     # -- helpers ---------------------------------------------------------------------------
     def eligible(self, tau: int) -> list[int]:
         """Models attached to a batch of a step before tau (W variants: of step tau-1 only)."""
-        lo = 1 if self.train_window <= 0 else max(1, tau - self.train_window)
+        window = self.protocol.train_window
+        lo = 1 if window <= 0 else max(1, tau - window)
         ids = {m for t in range(lo, tau) for m in self.W.get(t, {}).values()}
         return sorted(m for m in ids if m is not None and m in self.models)
 
     def cluster_steps(self, tau: int) -> list[int]:
-        """Steps whose identities the clustering sees (W variants: tau-1 and tau, section 2.8)."""
-        lo = 1 if self.train_window <= 0 else max(1, tau - self.train_window)
+        """Steps whose identities the clustering sees (W variants: tau-1 and tau, D21)."""
+        window = self.protocol.train_window
+        lo = 1 if window <= 0 else max(1, tau - window)
         return list(range(lo, tau + 1))
 
     def init_new_model(self, m_star: int) -> int:
-        if self.init_new == "copy":
+        if self.params.init_new == "copy":
             return self.new_model([a.copy() for a in self.models[m_star]])
         return self.new_model()
 
@@ -94,26 +105,24 @@ class FedDriftEager(TimeStepProtocol):
             errs = self.probe(grid, tau, [m0])
             for cid, e in errs.items():
                 self.ref[cid] = e[m0]
-            self.W[tau] = {cid: m0 for cid in self.clients}
+            for cid in self.clients:
+                self.assign(cid, m0)
             return
         eligible = self.eligible(tau)
         errs = self.probe(grid, tau, eligible)
-        row: dict[int, int | None] = {}
         fired: list[tuple[int, int]] = []
         for cid in sorted(self.clients):
             if cid not in errs:
-                row[cid] = self.carry_identity(cid, tau)
-                continue
+                continue        # keeps its previous identity (D19)
             e = errs[cid]
             m_star = self.argmin_random(e)
             best = e[m_star]
-            if cid in self.ref and best > self.ref[cid] + self.delta:   # Eq. (4)
+            if cid in self.ref and best > self.ref[cid] + self.params.delta:   # Eq. (4)
                 fired.append((cid, m_star))
-            row[cid] = m_star
+            self.assign(cid, m_star)
             self.remember_ref(cid, best)
-        self.W[tau] = row
         for cid, m_star in fired:
-            self._events["detected_clients"].append(cid)
+            self.events["detected_clients"].append(cid)
         self.on_detections(tau, fired)
         if fired:
             log(INFO, "step %d: drift detected at clients %s", tau, [c for c, _ in fired])
@@ -129,12 +138,12 @@ class FedDriftEager(TimeStepProtocol):
             return
         new = self.init_new_model(fired[0][1])
         for cid, _ in fired:
-            self.W[tau][cid] = new
+            self.assign(cid, new)
 
     # -- clustering (FedDrift) ---------------------------------------------------------------
     def cluster_and_merge(self, grid: Grid, tau: int, eligible: list[int]) -> None:
         steps = self.cluster_steps(tau)
-        n_cj = {j: self.n_attached(j, tau, steps) for j in eligible}
+        n_cj = {j: self.protocol.n_attached(j, tau, steps) for j in eligible}
         n_j = {j: sum(v.values()) for j, v in n_cj.items()}
         clusters = [j for j in eligible if n_j[j] > 0]
         if len(clusters) < 2:
@@ -148,14 +157,14 @@ class FedDriftEager(TimeStepProtocol):
                 if n <= 0:
                     continue
                 js.append(j)
-                cfg[f"{STEPS}.{j}"] = self.attached_steps(cid, j, tau, steps)
-                cfg[f"{QUOTA}.{j}"] = max(1, int(round(self.subsample * n / n_j[j])))
+                cfg[f"{STEPS}.{j}"] = self.protocol.attached_steps(cid, j, tau, steps)
+                cfg[f"{QUOTA}.{j}"] = max(1, int(round(self.params.subsample * n / n_j[j])))
             if js:
                 cfg[CLUSTERS] = js
                 tasks[cid] = Task(models=list(clusters), config=cfg)
         E = {(i, j): 0.0 for i in clusters for j in clusters}
         Q = {j: 0.0 for j in clusters}
-        for r in self.send(grid, DISTANCE_KIND, tasks):
+        for r in self.exchange(grid, DISTANCE_KIND, tasks):
             ids = [int(i) for i in r.metrics.get(P.MODEL_IDS, [])]
             js = [int(j) for j in r.metrics.get(CLUSTERS, [])]
             errors = list(r.metrics.get(ERRORS, []))
@@ -181,12 +190,12 @@ class FedDriftEager(TimeStepProtocol):
 
     def hierarchical_merge(self, tau: int, live: list[int], D: dict[frozenset, float],
                            n_j: dict[int, int]) -> None:
-        """Complete linkage: merge the closest pair while its distance is < delta."""
+        """Complete linkage: merge the closest pair while its distance is < delta (D5)."""
         live = list(live)
         n = dict(n_j)
         while len(live) >= 2:
             pair = min(D, key=lambda k: (D[k], sorted(k)))
-            if D[pair] >= self.delta:
+            if D[pair] >= self.params.delta:
                 break
             i, j = sorted(pair)
             weights = [float(n[i]), float(n[j])]
@@ -198,32 +207,29 @@ class FedDriftEager(TimeStepProtocol):
             self.relabel(j, k)
             self.delete_model(i)
             self.delete_model(j)
-            self._events["merges"].append([i, j, k])
+            self.events["merges"].append([i, j, k])
             log(INFO, "step %d: merged models %d and %d (distance %.4f) into %d", tau, i, j, D[pair], k)
             n[k] = n.pop(i) + n.pop(j)
             live = [m for m in live if m not in (i, j)]
-            for l in live:
-                D[frozenset((k, l))] = max(D.pop(frozenset((i, l))), D.pop(frozenset((j, l))))
+            for other in live:
+                D[frozenset((k, other))] = max(D.pop(frozenset((i, other))),
+                                               D.pop(frozenset((j, other))))
             D.pop(pair)
             live.append(k)
 
     # -- state ------------------------------------------------------------------------------
     def round_metrics(self) -> dict[str, Any]:
-        return {}
-
-    def step_metrics(self, tau, accs):
-        rec = super().step_metrics(tau, accs)
-        if self.last_distances:
-            rec["distances"] = dict(self.last_distances)
-            self.last_distances = {}
-        return rec
+        out = {"distances": dict(self.last_distances)} if self.last_distances else {}
+        self.last_distances = {}
+        return out
 
     def strategy_state(self) -> dict[str, Any]:
-        return {**super().strategy_state(), "ref": {str(c): v for c, v in self.ref.items()}}
+        return {"ref": {str(c): v for c, v in self.ref.items()},
+                "last_distances": self.last_distances}
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
-        super().load_strategy_state(state)
         self.ref = {int(c): float(v) for c, v in state["ref"].items()}
+        self.last_distances = dict(state["last_distances"])
 
 
 class FedDrift(FedDriftEager):
@@ -236,18 +242,18 @@ class FedDrift(FedDriftEager):
     def on_detections(self, tau: int, fired: list[tuple[int, int]]) -> None:
         for cid, m_star in fired:
             k = self.init_new_model(m_star)
-            self.W[tau][cid] = k
+            self.assign(cid, k)
             self.isolated.add(k)       # trained only by cid this step; eligible from tau+1
 
 
 class FedDriftC(FedDrift):
-    """FedDrift-C (section 2.7): at most one new global model per step.
+    """FedDrift-C (appendix B): at most one new global model per step.
 
-    As the reference code: every firing client gets a local model during the step (its batch
-    attached to it, used for its inference at this step); at the start of the next step one of
-    them, chosen at random, stays as the new global model and the others are deleted, their
-    batches left unattached, and their clients keep their pre-drift reference error so they can
-    fire again (section 7 #15).
+    As the authors' code (D14): every firing client gets a local model during the step (its
+    batch attached to it, used for its inference at this step); at the start of the next step
+    one of them, chosen at random, stays as the new global model and the others are deleted,
+    their batches left unattached, and their clients keep their pre-drift reference error so
+    they can fire again.
     """
 
     name = "feddrift-c"
@@ -256,6 +262,7 @@ class FedDriftC(FedDrift):
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
         self.pending: dict[int, tuple[int, float | None]] = {}   # model -> (client, old ref)
+        self.pre_ref: dict[int, float | None] = {}
 
     def on_detections(self, tau: int, fired: list[tuple[int, int]]) -> None:
         old = {cid: self.pre_ref.get(cid) for cid, _ in fired}
@@ -267,16 +274,13 @@ class FedDriftC(FedDrift):
         super().remember_ref(cid, best)
 
     def begin_step(self, grid: Grid, tau: int) -> None:
-        self.pre_ref: dict[int, float | None] = {}
+        self.pre_ref = {}
         if len(self.pending) > 1:
             keep = int(self.rng.choice(sorted(self.pending)))
             for mid, (cid, old) in sorted(self.pending.items()):
                 if mid == keep:
                     continue
-                for row in self.W.values():
-                    for c, m in row.items():
-                        if m == mid:
-                            row[c] = None
+                self.relabel(mid, None)     # its batches are left unattached
                 self.delete_model(mid)
                 if old is not None:
                     self.ref[cid] = old
@@ -295,10 +299,10 @@ class FedDriftC(FedDrift):
 class FedDriftEagerW(FedDriftEager):
     name = "feddrift-eager-w"
     description = "FedDrift-Eager-W: FedDrift-Eager training on the newest batch only"
-    train_window = 1
+    protocol_factory = TimeStepProtocol.window(1)
 
 
 class FedDriftW(FedDrift):
     name = "feddrift-w"
     description = "FedDrift-W: FedDrift training on the newest batch only"
-    train_window = 1
+    protocol_factory = TimeStepProtocol.window(1)

@@ -1,4 +1,4 @@
-"""FedRC's and FedEM's client side (spec ``fedrc.md`` 2.3, 2.5-2.8, "Client-side requirements").
+"""The FedRC family's client side: FedRC, FedEM and FedSoft (the maths is in ``em.py``).
 
 * ``train.fedrc``: the server sends all K cluster models, the client's cluster weights omega
   (kept by the server, so a client that restarts or a resumed run loses nothing) and, for FedRC,
@@ -12,10 +12,21 @@
 * ``evaluate.fedrc``: local evaluation as the built-in ``evaluate`` (a mixture of the models by
   the client's omega), or, with ``fedrc-estimate``, a client that never trained (a held-out
   test client): omega is estimated by EM on its labelled adaptation split (its training split),
-  up to ``fedrc-em-iters`` iterations from uniform, then the mixture predicts its test split.
+  up to ``em-iters`` iterations from uniform, then the mixture predicts its test split.
+* ``train.fedsoft``: the server sends the K cluster centres. The client scores each training
+  sample against every centre and counts which centre has the lowest loss,
+  u_k = max(#{j : argmin_k' loss_k'(x_j, y_j) = k} / N, sigma), renormalised to sum to 1, then
+  trains its personal model w (kept in ``context.state``; on first use a copy of its most
+  important centre) on CE + lambda/2 sum_k u_k ||w - c_k||^2, which, with sum_k u_k = 1, is
+  FedProx towards sum_k u_k c_k. It returns w (under the personal model id) and u.
+
+Each message carries the strategy's hyper-parameters (``wire.FedRCParams`` /
+``wire.FedSoftParams``); the client reads them through those classes.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -23,65 +34,31 @@ from fedcluster_app.core import wire as P
 from fedcluster_app.core.handlers import Models
 from fedcluster_app.core.handlers import evaluate as plain_evaluate
 from fedcluster_app.core.models import get_weights, scratch_model
+from fedcluster_app.core.stream_client import PERSONAL_KEY, StreamClient
 from fedcluster_app.core.training import local_train, sample_losses
-from fedcluster_app.core.stream_client import StreamClient
-
-TRAIN_KIND = "train.fedrc"
-EVAL_KIND = "evaluate.fedrc"
-
-# config keys the server sends
-OMEGA = "fedrc-omega"              # the client's cluster weights, aligned with the sorted model ids
-PRIOR = "fedrc-prior"              # P~ flattened row-major (K x C); absent = uniform (FedEM)
-HARD_TRAIN = "fedrc-hard-train"    # TrHC: omega (and gamma) one-hot on the argmax cluster
-HARD_TEST = "fedrc-hard-test"      # TeHC: predict with the argmax-omega model only
-OMEGA_FLOOR = "fedrc-omega-floor"  # lower bound on omega before the E-step (0 = off)
-MASS_NOISE = "fedrc-mass-noise"    # std of Gaussian noise added to S (label privacy, 2.9.4)
-ESTIMATE = "fedrc-estimate"        # evaluate: estimate omega on the adaptation split first
-EM_ITERS = "fedrc-em-iters"
-EM_TOL = "fedrc-em-tol"
-
-# metric keys the client replies with
-MASS = "label-cluster-mass"        # S, K x C flattened row-major
-OMEGA_REPLY = "omega"
-ITERATIONS = "em-iterations"
-
-
-# ------------------------------------------------------------------ the E-step (pure numpy)
-def responsibilities(losses: np.ndarray, y: np.ndarray, omega: np.ndarray,
-                     log_prior: np.ndarray) -> np.ndarray:
-    """gamma (N x K) from per-sample losses (N x K), labels, omega (K) and log P~ (K x C)."""
-    with np.errstate(divide="ignore"):
-        a = np.log(omega)[None, :] - losses - log_prior[:, y].T
-    a = a - a.max(axis=1, keepdims=True)          # log-sum-exp: exact, no overflow
-    e = np.exp(a)
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def label_cluster_mass(gamma: np.ndarray, y: np.ndarray, num_classes: int) -> np.ndarray:
-    """S[k, c] = sum of gamma[j, k] over the samples j of label c (K x C)."""
-    onehot = np.zeros((len(y), num_classes))
-    onehot[np.arange(len(y)), y] = 1.0
-    return gamma.T @ onehot
-
-
-def estimate_omega(losses: np.ndarray, y: np.ndarray, log_prior: np.ndarray, iters: int,
-                   tol: float) -> tuple[np.ndarray, int]:
-    """A new client's cluster weights: EM from uniform with the models fixed (spec 2.7)."""
-    k = losses.shape[1]
-    omega = np.full(k, 1.0 / k)
-    for it in range(1, iters + 1):
-        new = responsibilities(losses, y, omega, log_prior).mean(axis=0)
-        done = float(np.abs(new - omega).max()) < tol
-        omega = new
-        if done:
-            return omega, it
-    return omega, iters
-
-
-def one_hot(omega: np.ndarray) -> np.ndarray:
-    out = np.zeros_like(omega)
-    out[int(np.argmax(omega))] = 1.0
-    return out
+from fedcluster_app.families.fedrc.em import (
+    estimate_omega,
+    importance_weights,
+    label_cluster_mass,
+    one_hot,
+    responsibilities,
+)
+from fedcluster_app.families.fedrc.wire import (
+    ESTIMATE,
+    EVAL_KIND,
+    FEDSOFT_PARAMS,
+    FEDSOFT_TRAIN_KIND,
+    IMPORTANCE,
+    ITERATIONS,
+    MASS,
+    OMEGA,
+    OMEGA_REPLY,
+    PARAMS,
+    PRIOR,
+    TRAIN_KIND,
+    FedRCParams,
+    FedSoftParams,
+)
 
 
 def log_prior_of(config: dict, k: int, c: int) -> np.ndarray:
@@ -103,23 +80,22 @@ def train(client: StreamClient, config: dict, models: Models):
     ids = sorted(models)
     k, c = len(ids), client.exp.scenario.num_classes
     x, y = client.train_data(int(config[P.STEP]))
+    p = FedRCParams.from_message(config, PARAMS)
     omega = np.asarray(config[OMEGA], dtype=np.float64)
     if omega.shape != (k,):
         raise ValueError(f"{OMEGA} has {omega.size} values for {k} models")
-    floor = float(config.get(OMEGA_FLOOR, 0.0))
-    if floor > 0:
-        omega = np.maximum(omega, floor)
+    if p.omega_floor > 0:
+        omega = np.maximum(omega, p.omega_floor)
         omega /= omega.sum()
     losses = _loss_matrix(client, models, ids, x, y)
     gamma = responsibilities(losses, y, omega, log_prior_of(config, k, c))
     new_omega = gamma.mean(axis=0)
-    if config.get(HARD_TRAIN):
+    if p.hard_train:
         new_omega = one_hot(new_omega)
         gamma = np.repeat(new_omega[None, :], len(y), axis=0)
     mass = label_cluster_mass(gamma, y, c)
-    noise = float(config.get(MASS_NOISE, 0.0))
-    if noise > 0:
-        mass = mass + client.rng(int(config[P.ROUND]), -3).normal(0.0, noise, mass.shape)
+    if p.mass_noise > 0:
+        mass = mass + client.rng(int(config[P.ROUND]), -3).normal(0.0, p.mass_noise, mass.shape)
     trained, per_model = {}, {}
     for j, mid in enumerate(ids):
         if new_omega[j] > 0:
@@ -139,18 +115,38 @@ def train(client: StreamClient, config: dict, models: Models):
 def evaluate(client: StreamClient, config: dict, models: Models):
     if not config.get(ESTIMATE):
         return plain_evaluate(client, config, models)
+    p = FedRCParams.from_message(config, PARAMS)
     ids = sorted(models)
     k, c = len(ids), client.exp.scenario.num_classes
     x, y = client.train_data(int(config[P.STEP]))            # the labelled adaptation split
     losses = _loss_matrix(client, models, ids, x, y)
     omega, iters = estimate_omega(losses, y, log_prior_of(config, k, c),
-                                  int(config.get(EM_ITERS, 50)), float(config.get(EM_TOL, 1e-4)))
-    weights = one_hot(omega) if config.get(HARD_TEST) else omega
+                                  p.em_iters, p.em_tol)
+    weights = one_hot(omega) if p.hard_test else omega
     loss, n, m = client.evaluate_mixture([models[i] for i in ids], weights.tolist(), config)
     return ({P.LOSS: loss, P.NUM_EXAMPLES: n, **m, OMEGA_REPLY: omega.tolist(),
              ITERATIONS: iters}, {}, {})
 
 
-from fedcluster_app.families.fedrc import fedsoft_client  # noqa: E402
+def fedsoft_train(client: StreamClient, config: dict, models: Models):
+    ids = sorted(models)
+    x, y = client.train_data(int(config[P.STEP]))
+    spec = client.exp.spec
+    losses = np.stack([sample_losses(scratch_model(spec, models[m]), x, y) for m in ids], axis=1)
+    p = FedSoftParams.from_message(config, FEDSOFT_PARAMS)
+    u = importance_weights(losses, p.sigma)
+    center = [sum(float(w) * models[m][i] for w, m in zip(u, ids)) for i in range(len(models[ids[0]]))]
+    start = (client.personal_weights() if PERSONAL_KEY in client.state.array_records
+             else models[ids[int(np.argmax(u))]])
+    net = scratch_model(spec, start)
+    cfg = dataclasses.replace(client.train_config(config), prox_mu=p.lam)
+    loss = local_train(net, x, y, cfg, client.rng(int(config[P.ROUND]), P.PERSONAL_MODEL_ID),
+                       prox_center=center)
+    weights = get_weights(net)
+    client.store_personal(weights)
+    metrics = {P.NUM_EXAMPLES: len(y), IMPORTANCE: u.tolist(), P.MODEL_IDS: ids,
+               P.TRAIN_LOSS: loss}
+    return metrics, {P.PERSONAL_MODEL_ID: weights}, {}
 
-HANDLERS = {TRAIN_KIND: train, EVAL_KIND: evaluate, **fedsoft_client.HANDLERS}
+
+HANDLERS = {TRAIN_KIND: train, EVAL_KIND: evaluate, FEDSOFT_TRAIN_KIND: fedsoft_train}

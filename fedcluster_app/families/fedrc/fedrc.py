@@ -1,6 +1,14 @@
-"""FedRC (Guo et al., ICML 2024) and FedEM (Marfoq et al. 2021): soft clustering in which every
-client trains all K models with per-sample weights (spec ``fedrc.md`` 2).
+"""FedRC and FedEM: soft clustering in which every client trains all K models with per-sample
+weights.
 
+FedRC: "FedRC: Tackling Diverse Distribution Shifts Challenge in Federated Learning by Robust
+Clustering", Guo, Tang, Lin, ICML 2024, https://arxiv.org/abs/2301.12379.
+FedEM: "Federated Multi-Task Learning under a Mixture of Distributions", Marfoq, Neglia,
+Bellet, Kameni, Vidal, NeurIPS 2021, https://arxiv.org/abs/2108.10252.
+
+Each client c runs one E-step per round (``em.py``), gamma[j, k] = softmax_k(log omega_c[k] -
+loss_k(x_j, y_j) - log P~[k, y_j]), omega_c <- mean_j gamma[j, :], and trains every model k
+with the gamma[:, k]-weighted cross-entropy.
 The server keeps K models, every client's cluster weights omega (``ClientRecord.soft``: they go
 down in the message and come back updated, so nothing is lost when a client restarts), the last
 class-by-cluster mass S_c every client reported, and FedRC's label-frequency estimates
@@ -8,20 +16,19 @@ class-by-cluster mass S_c every client reported, and FedRC's label-frequency est
     P~[k, y] = A[k, y] / sum_y' A[k, y'],   A[k, y] = max(sum_c S_c[k, y], 1e-8)
 
 over the latest S_c of every client ever seen (the authors' code). Each model is the FedAvg of
-the clients' trained copies with weights N_c (not omega: spec 7.9). FedEM is FedRC with P~ fixed
+the clients' trained copies with weights N_c (not omega: docs/fedrc.md). FedEM is FedRC with P~ fixed
 to uniform, the one place the two differ.
 
 Variants (``[tool.flwr.app.config.fedrc]``, shared by both): test-time hard clustering
 (``hard-test``, TeHC), training-time hard clustering (``hard-train``, TrHC), removal of clusters
 whose share of the sample mass falls below ``prune-threshold`` once the weights have converged
-(adaptive FedRC, spec 2.9.2), an omega floor and Gaussian noise on S_c (label privacy).
+(adaptive FedRC), an omega floor and Gaussian noise on S_c (label privacy).
 Held-out clients estimate omega by EM on their labelled adaptation split, then predict with the
-mixture (spec 2.7).
+mixture.
 """
 
 from __future__ import annotations
 
-import math
 from logging import INFO
 from typing import Any, ClassVar
 
@@ -29,9 +36,10 @@ import numpy as np
 from flwr.common.logger import log
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.families.fedrc import client as C
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.strategy import ClusteredStrategy, RejectedReply, Reply, Task
+from fedcluster_app.families.fedrc import wire as C
+from fedcluster_app.families.fedrc.wire import FedRCParams
 
 MASS_FLOOR = 1e-8           # A[k, y] is clamped here before normalising (code)
 OMEGA_SUM_TOL = 1e-4        # a reply's omega must sum to 1 within this
@@ -43,41 +51,19 @@ class FedRC(ClusteredStrategy):
                    "per-sample weights (label-frequency correction)")
     message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: C.TRAIN_KIND, P.EVALUATE: C.EVAL_KIND}
     label_correction: ClassVar[bool] = True          # False: FedEM
-    HPARAMS: ClassVar[dict[str, Any]] = {
-        "prune-threshold": 0.0, "prune-warmup": 20, "prune-tol": 1e-3, "prune-every-round": False,
-        "hard-test": False, "hard-train": False, "test-use-label-prior": True, "em-iters": 50,
-        "em-tol": 1e-4, "omega-floor": 0.0, "mass-noise": 0.0,
-    }
+    Params = FedRCParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        self.hp = self.checked_hparams(self.HPARAMS, "fedrc")   # one table for fedrc and fedem
-        self.prune_threshold = self._number("prune-threshold")
-        if not 0.0 <= self.prune_threshold < 1.0:
-            raise ConfigError(f"fedrc.prune-threshold must be in [0, 1) (0 = never remove a "
-                              f"cluster), got {self.prune_threshold}")
-        for key in ("prune-warmup", "em-iters"):
-            v = self.hp[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if key == "em-iters" else 0):
-                raise ConfigError(f"fedrc.{key} must be an integer >= "
-                                  f"{1 if key == 'em-iters' else 0}, got {v!r}")
-        for key in ("prune-tol", "em-tol", "mass-noise"):
-            if self._number(key) < 0:
-                raise ConfigError(f"fedrc.{key} must be >= 0, got {self.hp[key]}")
-        if not 0.0 <= self._number("omega-floor") < 1.0 / self.cfg.num_clusters:
-            raise ConfigError(f"fedrc.omega-floor must be in [0, 1/K) = [0, "
-                              f"{1.0 / self.cfg.num_clusters:.4g}), got {self.hp['omega-floor']}")
+        k = self.cfg.num_clusters
+        if not self.params.omega_floor < 1.0 / k:
+            raise ConfigError(f"fedrc.omega-floor must be in [0, 1/K) = [0, {1.0 / k:.4g}) with "
+                              f"num-clusters = {k}, got {self.params.omega_floor}")
         self.num_classes = experiment.scenario.num_classes
         self.prior = np.full((0, self.num_classes), 1.0 / self.num_classes)   # K x C, by sorted id
         self.mass_cache: dict[int, np.ndarray] = {}   # cid -> last S_c (K x C, by sorted id)
         self.omega_change: float | None = None         # largest |delta omega| of the last round
         self.pruned: list[dict[str, Any]] = []         # {"round", "model", "mass"}
-
-    def _number(self, key: str) -> float:
-        v = self.hp[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ConfigError(f"fedrc.{key} must be a finite number, got {v!r}")
-        return float(v)
 
     # ---------------------------------------------------------------- hooks
     def on_start(self) -> None:
@@ -97,15 +83,9 @@ class FedRC(ClusteredStrategy):
         return [float(soft.get(m, 0.0)) for m in sorted(self.models)]
 
     def common_config(self) -> dict[str, Any]:
-        cfg: dict[str, Any] = {}
+        cfg: dict[str, Any] = self.params.to_message(C.PARAMS)
         if self.label_correction:
             cfg[C.PRIOR] = self.prior.ravel().tolist()
-        if self.hp["hard-train"]:
-            cfg[C.HARD_TRAIN] = True
-        if self._number("omega-floor") > 0:
-            cfg[C.OMEGA_FLOOR] = self._number("omega-floor")
-        if self._number("mass-noise") > 0:
-            cfg[C.MASS_NOISE] = self._number("mass-noise")
         return cfg
 
     def plan_train(self, step: int) -> dict[int, Task]:
@@ -153,13 +133,14 @@ class FedRC(ClusteredStrategy):
         return total / total.sum() if total.sum() > 0 else np.full(len(total), 1.0 / len(total))
 
     def maybe_prune(self) -> None:
-        if self.prune_threshold <= 0 or self.round <= int(self.hp["prune-warmup"]):
+        p = self.params
+        if p.prune_threshold <= 0 or self.round <= p.prune_warmup:
             return
-        converged = self.omega_change is not None and self.omega_change < self._number("prune-tol")
-        if not (converged or self.hp["prune-every-round"]):
+        converged = self.omega_change is not None and self.omega_change < p.prune_tol
+        if not (converged or p.prune_every_round):
             return
         ids, mass = sorted(self.models), self.cluster_mass()
-        drop = [j for j in range(len(ids)) if mass[j] < self.prune_threshold]
+        drop = [j for j in range(len(ids)) if mass[j] < p.prune_threshold]
         if len(drop) == len(ids):                   # never remove every model
             drop.remove(int(np.argmax(mass)))
         if not drop:
@@ -169,7 +150,7 @@ class FedRC(ClusteredStrategy):
             self.delete_model(ids[j])
             self.pruned.append({"round": self.round, "model": ids[j], "mass": float(mass[j])})
             log(INFO, "round %d: fedrc removed cluster model %d (mass share %.4f < %.4f)",
-                self.round, ids[j], mass[j], self.prune_threshold)
+                self.round, ids[j], mass[j], p.prune_threshold)
         self.prior = self.prior[keep]
         self.prior /= self.prior.sum(axis=1, keepdims=True)
         self.mass_cache = {c: s[keep] for c, s in self.mass_cache.items()}
@@ -183,17 +164,14 @@ class FedRC(ClusteredStrategy):
     def eval_task(self, cid: int) -> Task | None:
         if cid not in self.mass_cache:    # never trained (partial participation): it has no
             return self.global_eval_task(cid)   # omega yet, so it estimates one as a newcomer
-        if not self.hp["hard-test"]:
+        if not self.params.hard_test:
             return super().eval_task(cid)             # the omega-mixture
         return Task(models=[self.cluster_label(cid)])  # TeHC: the argmax-omega model
 
     def global_eval_task(self, cid: int) -> Task | None:
-        config: dict[str, Any] = {C.ESTIMATE: True, C.EM_ITERS: int(self.hp["em-iters"]),
-                                  C.EM_TOL: self._number("em-tol")}
-        if self.label_correction and self.hp["test-use-label-prior"]:
+        config: dict[str, Any] = {C.ESTIMATE: True, **self.params.to_message(C.PARAMS)}
+        if self.label_correction and self.params.test_use_label_prior:
             config[C.PRIOR] = self.prior.ravel().tolist()
-        if self.hp["hard-test"]:
-            config[C.HARD_TEST] = True
         return Task(models=sorted(self.models), config=config)
 
     def num_clusters(self) -> int:

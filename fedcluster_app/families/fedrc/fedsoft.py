@@ -1,7 +1,10 @@
-"""FedSoft (Ruan & Joe-Wong 2022), a soft-clustering baseline of the FedRC paper (spec
-``fedrc.md`` 6): K centres; every client keeps a personal model trained towards the centres it
-resembles (client side: ``clients/fedsoft.py``) and reports its importance weights u_c; each
-centre becomes
+"""FedSoft: soft clustered federated learning with proximal local updating.
+
+"FedSoft: Soft Clustered Federated Learning with Proximal Local Updating", Ruan, Joe-Wong,
+AAAI 2022, https://arxiv.org/abs/2112.06053. A soft-clustering baseline of the FedRC paper.
+
+K centres; every client keeps a personal model trained towards the centres it resembles
+(client side: ``client.py``) and reports its importance weights u_c; each centre becomes
 
     c_k = sum_c u_ck N_c w_c / sum_c u_ck N_c
 
@@ -11,33 +14,30 @@ the centre with the lowest loss on its adaptation split.
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 import numpy as np
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.families.fedrc import fedsoft_client as C
-from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.strategy import (ClusteredStrategy, RejectedReply, Reply, Task, weighted_average)
+from fedcluster_app.core.strategy import (
+    ClusteredStrategy,
+    RejectedReply,
+    Reply,
+    Task,
+    weighted_average,
+)
+from fedcluster_app.families.fedrc import wire as C
 
 
 class FedSoft(ClusteredStrategy):
     name = "fedsoft"
     description = ("FedSoft: K centres, personal models pulled towards the centres by "
                    "importance weights (share of samples each centre fits best)")
-    message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: C.TRAIN_KIND}
-    HPARAMS: ClassVar[dict[str, float]] = {"sigma": 1e-4, "lambda": 0.1}
+    message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: C.FEDSOFT_TRAIN_KIND}
+    Params = C.FedSoftParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        self.hp = self.checked_hparams(self.HPARAMS)
-        for key, ok, rule in (("sigma", lambda v: 0 < v < 1, "in (0, 1)"),
-                              ("lambda", lambda v: v >= 0, ">= 0")):
-            v = self.hp[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                    or not ok(v):
-                raise ConfigError(f"fedsoft.{key} must be {rule}, got {v!r}")
         self.trained: set[int] = set()     # clients that hold a personal model
 
     def on_start(self) -> None:
@@ -51,12 +51,12 @@ class FedSoft(ClusteredStrategy):
 
     def plan_train(self, step: int) -> dict[int, Task]:
         ids = sorted(self.models)
-        config = {C.SIGMA: float(self.hp["sigma"]), C.LAMBDA: float(self.hp["lambda"])}
+        config = self.params.to_message(C.FEDSOFT_PARAMS)
         return {cid: Task(models=ids, config=config, personal=True)
                 for cid in self.sample(self.training_clients(), self.cfg.fraction_train)}
 
     def check_reply(self, kind: str, reply: Reply) -> None:
-        if kind != C.TRAIN_KIND:
+        if kind != C.FEDSOFT_TRAIN_KIND:
             return
         u = np.asarray(reply.metrics.get(C.IMPORTANCE, []), dtype=np.float64)
         if u.shape != (len(self.models),) or (u < 0).any() or abs(u.sum() - 1.0) > 1e-4:
@@ -86,7 +86,7 @@ class FedSoft(ClusteredStrategy):
         return len(self.models)
 
     def summary_extra(self) -> dict[str, Any]:
-        return {"hparams": self.hp}
+        return {"hparams": self.params.to_table()}
 
     def strategy_state(self) -> dict[str, Any]:
         return {"trained": sorted(self.trained)}

@@ -97,9 +97,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from fedcluster_app.core.data.drift import (ClassConcept, ClassRealisation, client_prior, cyclic_permutation)
+from fedcluster_app.core.data.drift import (
+    ClassConcept,
+    ClassRealisation,
+    client_prior,
+    cyclic_permutation,
+)
 from fedcluster_app.core.data.generators import ImagePool, stratified_split
-from fedcluster_app.core.data.scenarios import (TAG_PRIOR, Scenario, dirichlet_alpha_arg, register_scenario)
+from fedcluster_app.core.data.scenarios import TAG_PRIOR, Scenario, dirichlet_alpha_arg
 
 __all__ = [
     "DIGIT_STYLES",

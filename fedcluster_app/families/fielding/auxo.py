@@ -19,10 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from fedcluster_app.core.config import ConfigError
+from fedcluster_app.core.strategy import (
+    ClusteredStrategy,
+    Reply,
+    Task,
+    weighted_average,
+)
 from fedcluster_app.families.fielding import clustering as core
-from fedcluster_app.core.strategy import ClusteredStrategy, Reply, Task, weighted_average
 from fedcluster_app.families.fielding.fielding import sample_clusters, split_budget
+from fedcluster_app.families.fielding.wire import AuxoParams
 
 
 def _flat(weights: list[np.ndarray]) -> np.ndarray:
@@ -39,26 +44,10 @@ class Auxo(ClusteredStrategy):
     description = ("Auxo-style: sampled clients re-join the cohort with the most similar mean "
                    "update every round; cohorts split by 2-means on spread-out updates")
 
+    Params = AuxoParams
+
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        h = self.hparams()
-
-        def num(key: str, default: float, lo: float, hi: float = math.inf, integer=False):
-            value = h.get(key, default)
-            try:
-                v = float(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"auxo.{key} must be a number, got {value!r}") from None
-            if math.isnan(v) or not lo <= v <= hi or (integer and not v.is_integer()):
-                kind = "an integer" if integer else "a number"
-                raise ConfigError(f"auxo.{key} must be {kind} in [{lo}, {hi}], got {value!r}")
-            return int(v) if integer else v
-
-        self.participants = num("participants", 0, 0, integer=True)
-        self.split_threshold = num("split-threshold", 0.5, 0.0, 2.0)
-        self.min_split = num("min-split", 4, 2, integer=True)
-        self.max_cohorts = num("max-cohorts", 10, 1, integer=True)
-        self.split_every = num("split-every", 1, 1, integer=True)
         self.mean_update: dict[int, np.ndarray] = {}
         self.splits = 0
         self.events: dict[str, Any] = {}
@@ -67,7 +56,7 @@ class Auxo(ClusteredStrategy):
         self.events = {}
         sizes = {m: len(self.members(m)) for m in self.clusters_in_use()}
         n = sum(sizes.values())
-        total = self.participants or max(1, math.ceil(self.cfg.fraction_train * n))
+        total = self.params.participants or max(1, math.ceil(self.cfg.fraction_train * n))
         return sample_clusters(self, split_budget(sizes, total, "floor"))
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:
@@ -80,9 +69,9 @@ class Auxo(ClusteredStrategy):
         for mid, items in self.collect_updates(replies).items():
             self.models[mid] = weighted_average([(w, 1.0) for w, _ in items])
             self.mean_update[mid] = np.mean([updates[c] for c in by_cohort[mid]], axis=0)
-        if self.round % self.split_every == 0:
+        if self.round % self.params.split_every == 0:
             for mid in sorted(by_cohort):
-                if len(self.models) >= self.max_cohorts:
+                if len(self.models) >= self.params.max_cohorts:
                     break
                 self.maybe_split(mid, by_cohort[mid], updates)
         # every participant joins the cohort whose mean update is most similar to its own
@@ -102,12 +91,12 @@ class Auxo(ClusteredStrategy):
         self.events.update(auxo_moves=moves, auxo_splits=self.splits)
 
     def maybe_split(self, mid: int, cids: list[int], updates: dict[int, np.ndarray]) -> None:
-        if len(cids) < self.min_split:
+        if len(cids) < self.params.min_split:
             return
         vecs = np.stack([_unit(updates[c]) for c in cids])
         center = _unit(vecs.mean(0))
         spread = float(np.mean(1.0 - vecs @ center))
-        if spread <= self.split_threshold:
+        if spread <= self.params.split_threshold:
             return
         pts = core.Points(vecs, "cosine")
         res = core.kmeans(pts, 2, 3, np.random.default_rng([self.cfg.seed, self.round, mid]))

@@ -31,28 +31,26 @@ from torch.nn import functional as F
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.handlers import Models
 from fedcluster_app.core.models import scratch_model
-from fedcluster_app.families.fielding import clustering as core
-from fedcluster_app.core.training import as_tensor
 from fedcluster_app.core.stream_client import StreamClient
-
-KIND = "query.fielding_rep"
-
-# config keys the server sends
-REP = "fielding.rep"                  # label | embedding | gradient (also the reply key of r_now)
-METRIC = "fielding.metric"            # distance of the drift test
-EPS = "fielding.eps-drift"            # drift threshold
-REGISTER = "fielding.register"        # report r_now whatever the drift test says
-GRAD_LAYERS = "fielding.grad-layers"  # last | all
-# reply keys
-DRIFTED = "fielding.drifted"
-REGISTERED = "fielding.registered"
-PROBE_MISSING = "fielding.probe-missing"
+from fedcluster_app.core.training import as_tensor
+from fedcluster_app.families.fielding import clustering as core
+from fedcluster_app.families.fielding.wire import (
+    DRIFTED,
+    EPS,
+    GRAD_LAYERS,
+    KIND,
+    METRIC,
+    PROBE_MISSING,
+    REGISTER,
+    REGISTERED,
+    REP,
+    REPRESENTATIONS,
+    FieldingParams,
+)
 
 STATE_REP = "fielding.r-last"          # ArrayRecord: [r_last]
 STATE_PROBE = "fielding.probe"         # ArrayRecord: the probe model's weights
 STATE_INFO = "fielding.client"         # ConfigRecord: representation kind of r_last
-MALICIOUS_KEY = "fielding.malicious-fraction"
-REPRESENTATIONS = ("label", "embedding", "gradient")
 
 
 def malicious_clients(num_clients: int, fraction: float, seed: int) -> set[int]:
@@ -132,7 +130,7 @@ def report(client: StreamClient, config: dict, models: Models):
     state[STATE_REP] = P.pack_arrays([r_now.astype(np.float64)])
     state[STATE_INFO] = ConfigRecord({"kind": kind})
     sent = r_now
-    fraction = float(client.exp.cfg.raw.get(MALICIOUS_KEY, 0.0))
+    fraction = FieldingParams.from_run_config(client.exp.cfg.raw).malicious_fraction
     if registering and client.client_id in malicious_clients(
             client.exp.scenario.num_clients, fraction, client.exp.cfg.seed):
         perm = np.random.default_rng([client.exp.cfg.seed, client.client_id, 0xBAD]).permutation(len(r_now))

@@ -37,40 +37,18 @@ import torch
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedcluster_app.families.fielding import client as fc
-from fedcluster_app.core.config import ConfigError, TrainConfig, section
+from fedcluster_app.core.config import ConfigError, TrainConfig
 from fedcluster_app.core.models import build_model, get_weights
+from fedcluster_app.core.strategy import (
+    ClusteredStrategy,
+    Reply,
+    Task,
+    weighted_average,
+)
 from fedcluster_app.core.training import as_tensor, local_train
 from fedcluster_app.families.fielding import clustering as core
-from fedcluster_app.core.strategy import ClusteredStrategy, Reply, Task, weighted_average
-
-DEFAULT_METRIC = {"label": "l1", "embedding": "sqeuclidean", "gradient": "cosine"}
-BUDGETS = ("floor", "proportional")
-AGGREGATIONS = ("uniform", "samples")
-ADJUST = ("drifted", "sampled")   # which drifted clients are acted on: all, or only when sampled
-
-
-def _choice(h: dict, key: str, default: str, valid: tuple[str, ...]) -> str:
-    value = str(h.get(key, default)).strip().lower()
-    if value not in valid:
-        raise ConfigError(f"fielding.{key} = {value!r} is not valid; valid: {', '.join(valid)}")
-    return value
-
-
-def _number(h: dict, key: str, default: float, lo: float = -math.inf, hi: float = math.inf,
-            integer: bool = False) -> Any:
-    value = h.get(key, default)
-    try:
-        num = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"fielding.{key} must be a number, got {value!r}") from None
-    if math.isnan(num) or not lo <= num <= hi:
-        raise ConfigError(f"fielding.{key} must be in [{lo}, {hi}], got {value!r}")
-    if integer:
-        if not num.is_integer():
-            raise ConfigError(f"fielding.{key} must be an integer, got {value!r}")
-        return int(num)
-    return num
+from fedcluster_app.families.fielding import wire as fc
+from fedcluster_app.families.fielding.wire import FieldingParams
 
 
 def split_budget(sizes: dict[int, int], total: int, mode: str = "floor") -> dict[int, int]:
@@ -111,62 +89,25 @@ class Fielding(ClusteredStrategy):
     name = "fielding"
     description = ("Fielding: drifted clients move to the nearest center; global re-clustering "
                    "(silhouette K) when a center moves >= tau x mean center distance")
-    TABLE = "fielding"
     fixed_tau: float | None = None       # ablations fix tau
     static = False                       # static CFL: cluster once, never update
 
-    def hparams(self) -> dict[str, Any]:
-        return section(self.cfg.raw, self.TABLE)
+    Params = FieldingParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        h = self.hparams()
-        self.rep = _choice(h, "rep", "label", fc.REPRESENTATIONS)
-        metric = str(h.get("distance", "")).strip().lower() or DEFAULT_METRIC[self.rep]
-        if metric not in core.METRICS:
-            raise ConfigError(f"fielding.distance = {metric!r} is not valid; valid: "
-                              f"{', '.join(core.METRICS)} (or \"\" for the representation's default)")
-        if metric == "js" and self.rep != "label":
-            raise ConfigError("fielding.distance = 'js' needs probability vectors: use it with "
-                              "fielding.rep = 'label'")
-        self.metric = metric
-        self.eps = _number(h, "eps-drift", 0.0, 0.0)
-        self.tau = self.fixed_tau if self.fixed_tau is not None else _number(h, "tau", 1 / 3, 0.0)
-        self.trigger = _choice(h, "trigger", "center_shift", core.TRIGGERS)
-        self.delta_floor = _number(h, "delta-start", 0.1, 0.0)
-        self.delta_floor = self.delta_floor if self.delta_floor > 0 else 0.1
-        self.shift_reference = _choice(h, "shift-reference", "step", core.SHIFT_REFERENCES)
-        self.k_min = _number(h, "k-min", 2, 1, integer=True)
-        self.k_max = _number(h, "k-max", 10, 1, integer=True)
+        p = self.params
         n = self.exp.scenario.num_clients
-        if self.k_min < 2:
-            raise ConfigError(f"fielding.k-min must be >= 2 (the silhouette needs two clusters; "
-                              f"use fielding.min-silhouette for K = 1), got {self.k_min}")
-        if self.k_max < self.k_min:
-            raise ConfigError(f"the K range fielding.k-min..k-max = {self.k_min}..{self.k_max} "
-                              "is empty")
-        if self.k_min > n - 1:
-            raise ConfigError(f"the K range fielding.k-min..k-max = {self.k_min}..{self.k_max} is "
+        if p.k_min > n - 1:
+            raise ConfigError(f"the K range fielding.k-min..k-max = {p.k_min}..{p.k_max} is "
                               f"larger than the {n} clients allow: K must be <= N - 1 = {n - 1}")
-        self.n_init = _number(h, "n-init", 10, 1, integer=True)
-        self.n_keep = _number(h, "n-keep", 2, 0, integer=True)
-        self.adjust = _choice(h, "adjust", "drifted", ADJUST)
-        self.min_silhouette = _number(h, "min-silhouette", -1.0, -1.0, 1.0)
-        self.participants = _number(h, "participants", 0, 0, integer=True)
-        self.budget = _choice(h, "budget", "floor", BUDGETS)
-        self.aggregation = _choice(h, "aggregation", "uniform", AGGREGATIONS)
-        self.grad_layers = _choice(h, "grad-layers", "last", ("last", "all"))
-        self.probe_steps = _number(h, "probe-steps", 300, 0, integer=True)
-        self.probe_per_class = _number(h, "probe-per-class", 50, 1, integer=True)
-        self.label_tol = _number(h, "label-tol", 1e-3, 0.0)
-        self.log_moves = _number(h, "log-moves", 100, 0, integer=True)
-        _number(h, "malicious-fraction", 0.0, 0.0, 1.0)     # read by the clients
+        self.tau = self.fixed_tau if self.fixed_tau is not None else p.tau
         self.reps: dict[int, np.ndarray] = {}
         self.pending: dict[int, np.ndarray] = {}             # adjust = "sampled": not yet acted on
         self.centers: dict[int, np.ndarray] = {}
         self.ref_centers: dict[int, np.ndarray] = {}         # of the last global clustering
         self.reclusters = 0
-        self.delta = self.delta_floor
+        self.delta = self.params.delta_floor
         self.last_triggered = False
         self.initialized = False
         self.probe_id: int | None = None
@@ -177,7 +118,7 @@ class Fielding(ClusteredStrategy):
 
     # ------------------------------------------------------------------ probe model
     def on_start(self) -> None:
-        if self.rep != "label":
+        if self.params.rep != "label":
             self.probe_id = self.new_model(self.train_probe())
         self.dim = self.rep_dim()
 
@@ -189,32 +130,32 @@ class Fielding(ClusteredStrategy):
         x = np.concatenate([p.x_train for p in parts])
         y = np.concatenate([p.y_train for p in parts])
         rng = np.random.default_rng([self.cfg.seed, 0xF1E1D])
-        keep = np.concatenate([rng.permutation(np.flatnonzero(y == c))[: self.probe_per_class]
+        keep = np.concatenate([rng.permutation(np.flatnonzero(y == c))[: self.params.probe_per_class]
                                for c in range(sc.num_classes)])
         model = build_model(self.exp.spec, seed=self.cfg.seed * 1000 + 777)
-        if self.probe_steps:
+        if self.params.probe_steps:
             local_train(model, x[keep], y[keep],
-                        TrainConfig(optimizer="adam", lr=0.01, local_steps=self.probe_steps,
+                        TrainConfig(optimizer="adam", lr=0.01, local_steps=self.params.probe_steps,
                                     batch_size=50), rng)
         return get_weights(model)
 
     def nonnegative(self) -> bool:
         """Label vectors and ReLU features (every probe but a hidden-less MLP) are >= 0."""
-        if self.rep == "label":
+        if self.params.rep == "label":
             return True
-        if self.rep == "gradient":
+        if self.params.rep == "gradient":
             return False
         last = list(build_model(self.exp.spec, 0).features.modules())[-1]
         return isinstance(last, torch.nn.ReLU)
 
     def rep_dim(self) -> int:
-        if self.rep == "label":
+        if self.params.rep == "label":
             return self.exp.scenario.num_classes
         model = build_model(self.exp.spec, 0)
-        if self.rep == "embedding":
+        if self.params.rep == "embedding":
             x = as_tensor(np.zeros((1, *self.exp.scenario.input_shape), dtype=np.float32))
             return int(model.features(x).shape[1])
-        params = model.classifier.parameters() if self.grad_layers == "last" else model.parameters()
+        params = model.classifier.parameters() if self.params.grad_layers == "last" else model.parameters()
         return int(sum(p.numel() for p in params))
 
     def cluster_ids(self) -> list[int]:
@@ -227,8 +168,8 @@ class Fielding(ClusteredStrategy):
     # ------------------------------------------------------------------ reports
     def collect(self, grid: Grid) -> dict[int, np.ndarray]:
         """Drift reports of every client; returns the valid representations reported."""
-        base = {fc.REP: self.rep, fc.METRIC: self.metric, fc.EPS: self.eps,
-                fc.GRAD_LAYERS: self.grad_layers}
+        base = {fc.REP: self.params.rep, fc.METRIC: self.params.metric, fc.EPS: self.params.eps_drift,
+                fc.GRAD_LAYERS: self.params.grad_layers}
         targets = sorted(self.clients)
         register = [c for c in targets if c not in self.reps]
         replies: dict[int, Reply] = {}
@@ -261,7 +202,7 @@ class Fielding(ClusteredStrategy):
                 continue
             nbytes += 4 * len(vec)
             if r.metrics.get(fc.REGISTERED) and cid in self.reps and core.distance(
-                    vec, self.reps[cid], self.metric) <= self.eps:
+                    vec, self.reps[cid], self.params.metric) <= self.params.eps_drift:
                 continue  # a known client that lost its state re-registered: no drift
             out[cid] = vec
         self.events["fielding_report_bytes"] = nbytes
@@ -276,10 +217,10 @@ class Fielding(ClusteredStrategy):
         if not np.isfinite(vec).all():
             raise ValueError("non-finite entries")
         if self.nonneg and (vec < 0).any():
-            raise ValueError(f"negative entries in a {self.rep} vector")
-        if self.rep == "label" and abs(vec.sum() - 1.0) > self.label_tol:
+            raise ValueError(f"negative entries in a {self.params.rep} vector")
+        if self.params.rep == "label" and abs(vec.sum() - 1.0) > self.params.label_tol:
             raise ValueError(f"label vector sums to {vec.sum():.6g}, not 1 (tolerance "
-                             f"{self.label_tol:g})")
+                             f"{self.params.label_tol:g})")
         return vec
 
     # ------------------------------------------------------------------ drift handling
@@ -302,7 +243,7 @@ class Fielding(ClusteredStrategy):
             newcomers = {c: v for c, v in reports.items() if c not in self.reps}
             self.reps.update(newcomers)
             self.place_without_update(newcomers)
-        elif reports and self.adjust == "sampled":
+        elif reports and self.params.adjust == "sampled":
             # ablation: a drifted client is acted on only when it is sampled (plan_train);
             # clients that never had a cluster are placed now (they could never be sampled)
             newcomers = {c: v for c, v in reports.items() if c not in self.reps}
@@ -317,23 +258,23 @@ class Fielding(ClusteredStrategy):
 
     def rows(self) -> tuple[list[int], core.Points]:
         cids = sorted(c for c in self.reps if c in self.clients)
-        return cids, core.Points(np.stack([self.reps[c] for c in cids]), self.metric)
+        return cids, core.Points(np.stack([self.reps[c] for c in cids]), self.params.metric)
 
     def handle(self, drifted: set[int]) -> None:
         cids, pts = self.rows()
         labels = np.array([self.clients[c].cluster if self.clients[c].cluster is not None
                            else -1 for c in cids])
         mask = np.array([c in drifted for c in cids])
-        reference = self.centers if self.shift_reference == "step" else {
+        reference = self.centers if self.params.shift_reference == "step" else {
             m: self.ref_centers.get(m, v) for m, v in self.centers.items()}
         out = core.handle_drift(pts, labels, mask, self.centers, reference, self.tau,
-                                self.trigger, self.delta)
+                                self.params.trigger, self.delta)
         for row, _, new in out.moves:
             self.assign(cids[row], new)
         moves = [[cids[row], None if old < 0 else old, new] for row, old, new in out.moves]
         self.events.update(
             fielding_moves=len(moves),
-            fielding_moved=moves[: self.log_moves],
+            fielding_moved=moves[: self.params.log_moves],
             fielding_theta=round(out.theta, 6),
             fielding_max_shift=round(max(out.shifts.values()), 6) if out.shifts else None,
             fielding_threshold=round(out.threshold, 6) if math.isfinite(out.threshold) else None,
@@ -352,11 +293,11 @@ class Fielding(ClusteredStrategy):
             self.global_recluster(out.trigger)
         else:
             self.centers = out.centers
-        if self.trigger in ("pairwise", "either"):  # adaptive Delta (2.8; max, not min)
+        if self.params.trigger in ("pairwise", "either"):  # adaptive Delta (2.8; max, not min)
             if triggered and self.last_triggered:
                 self.delta *= 2.0
             elif not triggered:
-                self.delta = max(self.delta_floor, self.delta - self.delta_floor)
+                self.delta = max(self.params.delta_floor, self.delta - self.params.delta_floor)
         self.last_triggered = triggered
 
     def place_without_update(self, newcomers: dict[int, np.ndarray]) -> None:
@@ -365,7 +306,7 @@ class Fielding(ClusteredStrategy):
         if not ids or not newcomers:
             return
         cids = sorted(newcomers)
-        pts = core.Points(np.stack([newcomers[c] for c in cids]), self.metric)
+        pts = core.Points(np.stack([newcomers[c] for c in cids]), self.params.metric)
         nearest = pts.to_centers(np.stack([self.centers[m] for m in ids])).argmin(1)
         for c, j in zip(cids, nearest):
             self.assign(c, ids[int(j)])
@@ -374,9 +315,9 @@ class Fielding(ClusteredStrategy):
         cids, pts = self.rows()
         t0 = time.perf_counter()
         k_before = len(self.centers)
-        res = core.cluster(pts.x, self.metric, self.k_min, self.k_max, self.n_init,
-                           seed=[self.cfg.seed, self.round, 0xC1], min_silhouette=self.min_silhouette,
-                           pts=pts, keep=self.n_keep or None)
+        res = core.cluster(pts.x, self.params.metric, self.params.k_min, self.params.k_max, self.params.n_init,
+                           seed=[self.cfg.seed, self.round, 0xC1], min_silhouette=self.params.min_silhouette,
+                           pts=pts, keep=self.params.n_keep or None)
         old = self.cluster_ids()
         if why == "initial" or not old:
             fresh = self.initial_weights()         # every cluster starts from the same x0
@@ -416,8 +357,8 @@ class Fielding(ClusteredStrategy):
     def budget_per_cluster(self) -> dict[int, int]:
         sizes = {m: len(self.members(m)) for m in self.clusters_in_use() if m != self.probe_id}
         n = sum(sizes.values())
-        total = self.participants or max(1, math.ceil(self.cfg.fraction_train * n))
-        return split_budget(sizes, total, self.budget)
+        total = self.params.participants or max(1, math.ceil(self.cfg.fraction_train * n))
+        return split_budget(sizes, total, self.params.budget)
 
     def plan_train(self, step: int) -> dict[int, Task]:
         plan = sample_clusters(self, self.budget_per_cluster())
@@ -429,13 +370,13 @@ class Fielding(ClusteredStrategy):
             self.handle(due)
             plan = {c: Task(models=[self.clients[c].cluster]) for c in plan
                     if self.clients[c].cluster is not None}
-        if self.adjust == "sampled":
+        if self.params.adjust == "sampled":
             self.events["fielding_pending"] = len(self.pending)
         return plan
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:
         for mid, items in self.collect_updates(replies).items():
-            if self.aggregation == "uniform":
+            if self.params.aggregation == "uniform":
                 items = [(w, 1.0) for w, _ in items]
             self.models[mid] = weighted_average(items)
 

@@ -31,7 +31,13 @@ import math
 
 import numpy as np
 
-from fedcluster_app.core.data.drift import (ClassConcept, ClassRealisation, ImageSource, MixtureSource, swap_permutation)
+from fedcluster_app.core.data.drift import (
+    ClassConcept,
+    ClassRealisation,
+    ImageSource,
+    MixtureSource,
+    swap_permutation,
+)
 from fedcluster_app.core.data.generators import digits_pools
 from fedcluster_app.core.data.scenarios import Scenario
 

@@ -16,11 +16,10 @@ from torch.nn import functional as F
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.models import get_weights, scratch_model
-from fedcluster_app.core.training import _optimizer, as_tensor
 from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.training import _optimizer, as_tensor
+from fedcluster_app.families.flexcfl.wire import PRETRAIN_ITERS, QUERY_PRETRAIN
 
-QUERY_PRETRAIN = "query.pretrain"
-PRETRAIN_ITERS = "pretrain-iters"
 PRETRAIN_MODEL_SALT = 7_777   # model-id offset of the pre-training minibatch stream
 
 
@@ -48,7 +47,7 @@ def pretrain(client: StreamClient, config: dict, models: dict[int, list[np.ndarr
     if len(y) == 0:
         return metrics, {}, {}
     cfg = client.train_config(config)
-    iters = int(config.get(PRETRAIN_ITERS, 50))
+    iters = int(config[PRETRAIN_ITERS])
     model = scratch_model(client.exp.spec, w0)
     rng = client.rng(int(config[P.ROUND]), PRETRAIN_MODEL_SALT + mid)
     xt, yt = as_tensor(x), as_tensor(y, np.int64)

@@ -1,4 +1,7 @@
-"""Adaptive-FedAvg's learning-rate schedule (Canonaco et al., IJCNN 2021), written once.
+"""Adaptive-FedAvg: FedAvg whose client learning rate adapts to how much the model drifts.
+
+"Adaptive Federated Learning in Presence of Concept Drift", Canonaco, Bergamasco, Mongelluzzo,
+Roveri, IJCNN 2021, https://doi.org/10.1109/IJCNN52387.2021.9533710.
 
 After every aggregation t = 1, 2, ... of the global weights w_t (flattened):
 
@@ -8,37 +11,34 @@ After every aggregation t = 1, 2, ... of the global weights w_t (flattened):
     next lr = min(eta0, eta0 r^_t / t)
 
 with m_0 = v_0 = r_0 = 0, the ratio v^_t / v^_{t-1} taken as 1 at t = 1 and wherever
-v^_{t-1} = 0. The one open choice is m^_0, the "previous mean" at t = 1:
+v^_{t-1} = 0; clients train with SGD at that lr. The one open choice is m^_0, the "previous
+mean" at t = 1 (docs/foundation.md D6):
 
 * ``zero_start=True``: m^_0 = 0, so v_1 measures the weights themselves (the FedCCFA authors'
-  code, spec fedccfa.md section 6: beta1 0.7, beta2 0.3, beta3 0.7, eta0 0.01);
+  code, with beta1 0.7, beta2 0.3, beta3 0.7, eta0 0.01);
 * ``zero_start=False``: m^_0 = w_1, so v_1 = 0 and the first ratio that counts is at t = 3
-  (the FedDrift issue's implementation, one beta 0.5 for all three).
+  (one beta, 0.5, for all three).
 
-Users: ``adaptive-fedavg`` (``feddrift_baselines.AdaptiveFedAvg``, t = the time step: lr adapted
-once per step) and ``adaptive-fedavg-rounds`` (below, t = the round: lr adapted after every
-round's aggregation, on the standard round loop).
+One implementation, two protocols: ``adaptive-fedavg-rounds`` (the FedCCFA paper's baseline:
+t = the round, lr adapted after every round's aggregation) and ``adaptive-fedavg`` (the FedDrift
+paper's baseline under its time-step protocol: t = the time step, lr adapted once per step).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
-from fedcluster_app.core.config import ConfigError
+from fedcluster_app.core.hparams import HParams, param
 from fedcluster_app.core.strategy import Reply, Task
 from fedcluster_app.families.foundation.cfl import flatten
 from fedcluster_app.families.foundation.fedavg import FedAvg
 
 
 class AdaptiveLR:
-    """The schedule's state and its update; ``lr`` is the rate for the next local training.
-
-    The state names (``mu``, ``s``, ``gamma``, ``s_hat_prev``, ``lr``) are the checkpoint keys
-    the FedDrift strategy has always written, so its old checkpoints still resume.
-    """
+    """The schedule's state and its update; ``lr`` is the rate for the next local training."""
 
     def __init__(self, eta0: float, beta1: float, beta2: float, beta3: float,
                  zero_start: bool = True) -> None:
@@ -80,52 +80,68 @@ class AdaptiveLR:
         self.mu = None if state["mu"] is None else np.asarray(state["mu"])
 
 
-class AdaptiveFedAvgRounds(FedAvg):
-    """Adaptive-FedAvg as the FedCCFA paper runs it (spec fedccfa.md 6): FedAvg whose client SGD
-    lr is set by the server after every round's aggregation (``AdaptiveLR``, m^_0 = 0)."""
+@dataclass(frozen=True)
+class AdaptiveFedAvgParams(HParams):
+    """Adaptive-FedAvg with the FedCCFA paper's constants, adapted every round."""
+
+    table = "adaptive-fedavg-rounds"
+    beta1: float = param(0.7, "EMA rate of the global weights", gt=0, lt=1)
+    beta2: float = param(0.3, "EMA rate of their squared deviation from the previous mean",
+                         gt=0, lt=1)
+    beta3: float = param(0.7, "EMA rate of the variance ratio", gt=0, lt=1)
+    eta0: float = param(0.01, "initial (and largest) client SGD lr", gt=0)
+    momentum: float = param(0.9, "client SGD momentum", ge=0, lt=1)
+    weight_decay: float = param(1e-5, "client SGD weight decay", ge=0)
+
+
+class AdaptiveFedAvg(FedAvg):
+    """FedAvg whose client SGD lr is set by :class:`AdaptiveLR` (module docstring)."""
 
     name = "adaptive-fedavg-rounds"
     description = ("Adaptive-FedAvg (FedCCFA's baseline): FedAvg, client SGD lr adapted after "
                    "every round from the stability of the global weights")
-    DEFAULTS: dict[str, Any] = {"beta1": 0.7, "beta2": 0.3, "beta3": 0.7, "eta0": 0.01,
-                                "momentum": 0.9, "weight-decay": 1e-5}
+    Params = AdaptiveFedAvgParams
+    #: when the lr adapts: after every round's aggregation, or once per time step
+    per: ClassVar[str] = "round"
+    zero_start: ClassVar[bool] = True
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        h = self.checked_hparams(self.DEFAULTS)
-        for key, value in h.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(float(value)):
-                raise ConfigError(f"{self.name}.{key} must be a finite number, got {value!r}")
-            h[key] = float(value)
-        for key in ("beta1", "beta2", "beta3"):
-            if not 0 < h[key] < 1:
-                raise ConfigError(f"{self.name}.{key} must be in (0, 1), got {h[key]}")
-        if h["eta0"] <= 0:
-            raise ConfigError(f"{self.name}.eta0 must be > 0, got {h['eta0']}")
-        if not 0 <= h["momentum"] < 1:
-            raise ConfigError(f"{self.name}.momentum must be in [0, 1), got {h['momentum']}")
-        if h["weight-decay"] < 0:
-            raise ConfigError(f"{self.name}.weight-decay must be >= 0, got {h['weight-decay']}")
-        self.h = h
-        self.schedule = AdaptiveLR(h["eta0"], h["beta1"], h["beta2"], h["beta3"], zero_start=True)
+        eta0, b1, b2, b3 = self.schedule_constants()
+        self.schedule = AdaptiveLR(eta0, b1, b2, b3, zero_start=self.zero_start)
         self._round_lr = self.schedule.lr
+
+    def schedule_constants(self) -> tuple[float, float, float, float]:
+        """(eta0, beta1, beta2, beta3)."""
+        p = self.params
+        return p.eta0, p.beta1, p.beta2, p.beta3
+
+    def client_optimizer(self) -> dict[str, Any]:
+        """The SGD settings sent with the lr (momentum, weight decay)."""
+        return {"momentum": self.params.momentum, "weight-decay": self.params.weight_decay}
 
     def plan_train(self, step: int) -> dict[int, Task]:
         plan = super().plan_train(step)
         self._round_lr = self.schedule.lr
         for task in plan.values():
             task.config.update({"optimizer": "sgd", "lr": float(self.schedule.lr),
-                                "momentum": self.h["momentum"],
-                                "weight-decay": self.h["weight-decay"]})
+                                **self.client_optimizer()})
         return plan
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:
         super().on_train_replies(step, replies)
-        self.schedule.update(flatten(self.models[min(self.models)]), self.round)
+        if self.per == "round":
+            self.schedule.update(flatten(self.models[min(self.models)]), self.round)
+
+    def end_step(self, step: int) -> None:
+        if self.per == "step":
+            self.schedule.update(flatten(self.models[min(self.models)]), step)
 
     def round_metrics(self) -> dict[str, Any]:
-        return {"lr": self._round_lr, "next_lr": self.schedule.lr}
+        out: dict[str, Any] = {"lr": self._round_lr}
+        if self.per == "round":
+            out["next_lr"] = self.schedule.lr
+        return out
 
     def strategy_state(self) -> dict[str, Any]:
         return {"adaptive_lr": self.schedule.state()}

@@ -1,24 +1,39 @@
-"""Clustered Federated Learning (Sattler et al.): the splitting rule, written once for reuse.
+"""CFL: clusters split recursively where the clients' updates disagree.
 
-After a round, a cluster whose clients have (almost) converged on average but not individually
-(mean update norm < eps1 and largest update norm > eps2) is bipartitioned by complete-linkage
-clustering of the pairwise cosine similarities of the clients' updates; the split is made if
-sqrt((1 - alpha_cross) / 2) > gamma, alpha_cross being the largest similarity across the two
-groups. ``CFLSplitter`` holds the thresholds: fixed eps1/eps2, or the FedDrift reference-code
-heuristic eps1 = (largest mean-update norm seen so far) / 10, eps2 = 6 eps1, tested only in
-rounds where the mean norm is not a new maximum (feddrift.md section 4.4).
+"Clustered Federated Learning: Model-Agnostic Distributed Multitask Optimization Under Privacy
+Constraints", Sattler, Müller, Samek, IEEE TNNLS 2020, https://arxiv.org/abs/1910.01991.
 
-Used by the FedDrift baselines ``cfl`` / ``cfl-w`` (``feddrift_baselines``); usable by any
-strategy that has the clients' updates of one cluster as flat vectors.
+One cluster at first; every round each client trains its cluster's model. With Delta_c the
+updates of one cluster's clients, the cluster splits when
+
+    ||mean_c Delta_c|| < eps1   and   max_c ||Delta_c|| > eps2
+
+(it has converged on average but not individually): its clients are bipartitioned by
+complete-linkage clustering of the pairwise cosine similarities of their updates, and the split
+is made if sqrt((1 - alpha_cross) / 2) > gamma, alpha_cross being the largest similarity across
+the two groups. The new cluster starts as a copy of its parent's model. With eps1 = 0 the
+thresholds follow the FedDrift authors' heuristic (docs/foundation.md D3): eps1 = (largest
+mean-update norm seen so far) / 10, eps2 = 6 eps1, tested only in rounds where the mean norm is
+not a new maximum.
+
+One implementation, two protocols: ``cfl-rounds`` / ``cfl3-rounds`` on plain rounds (the FedRC
+paper's baselines: the cluster is averaged, then split if it has more than two members, up to
+``max-clusters``) and ``cfl`` / ``cfl-w`` under FedDrift's time-step protocol (a splitting
+cluster skips that round's aggregation, as in the FedDrift authors' code; a client's past
+batches move with it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
+
+from fedcluster_app.core.hparams import HParams, param
+from fedcluster_app.core.strategy import ClusteredStrategy, Reply, weighted_average
 
 
 def flatten(weights: list[np.ndarray]) -> np.ndarray:
@@ -79,77 +94,94 @@ class CFLSplitter:
         return None
 
 
-# ------------------------------------------------------------------ CFL on the round loop
-# (the FedDrift family's ``cfl`` runs the time-step protocol: train on step t, test on t + 1;
-# the FedRC comparisons need plain rounds over a static population with held-out clients.)
-from typing import Any, ClassVar  # noqa: E402
+@dataclass(frozen=True)
+class CFLParams(HParams):
+    """CFL's thresholds, as the FedRC paper's comparison runs it."""
 
-from fedcluster_app.core.config import ConfigError  # noqa: E402
-from fedcluster_app.core.strategy import ClusteredStrategy, Reply, weighted_average  # noqa: E402
+    table = "cfl-rounds"
+    eps1: float = param(0.0, "split when the mean update norm < eps1 ...; 0 = the heuristic "
+                        "(largest mean norm seen / 10)", ge=0)
+    eps2: float = param(0.0, "... and the largest update norm > eps2; 0 = 6 x eps1", ge=0)
+    gamma: float = param(0.0, "and sqrt((1 - max cross cosine) / 2) > gamma", ge=0)
+    max_clusters: int = param(0, "never more clusters than this; 0 = no cap", ge=0)
 
 
-class RoundCFL(ClusteredStrategy):
-    """CFL (Sattler et al.) as the FedRC paper runs it (spec ``fedrc.md`` 6): one cluster at
-    first; every round each client trains its cluster's model, the cluster model becomes the
-    N_c-weighted average, and a cluster with more than 2 members whose mean update is small
-    (< eps1) while some update is large (> eps2) splits in two by complete linkage on the
-    cosine similarities of the updates, up to ``max-clusters`` (0 = no cap)."""
+@dataclass(frozen=True)
+class CFL3Params(CFLParams):
+    """CFL(3): at most three clusters."""
+
+    table = "cfl3-rounds"
+    max_clusters: int = param(3, "never more clusters than this; 0 = no cap", ge=0)
+
+
+class CFL(ClusteredStrategy):
+    """CFL (module docstring)."""
 
     name = "cfl-rounds"
     description = "CFL (Sattler et al.) on plain rounds: recursive bi-partitioning, no cap"
-    HPARAMS: ClassVar[dict[str, Any]] = {"eps1": 0.0, "eps2": 0.0, "gamma": 0.0,
-                                         "max-clusters": 0}
+    Params = CFLParams
+    #: average a cluster before testing it for a split (False: a split skips the round's average)
+    aggregate_before_split: ClassVar[bool] = True
+    #: fewest clients that trained a cluster in a round for it to be tested for a split
+    min_split_members: ClassVar[int] = 3
+    #: under the time-step protocol a client's past batches move with it to a new cluster
+    history_follows_client: ClassVar[bool] = True
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
-        self.hp = self.checked_hparams(self.HPARAMS)
-        for key in ("eps1", "eps2", "gamma"):
-            v = self.hp[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-                raise ConfigError(f"{self.name}.{key} must be a number >= 0, got {v!r}")
-        cap = self.hp["max-clusters"]
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise ConfigError(f"{self.name}.max-clusters must be an integer >= 0 (0 = no cap), "
-                              f"got {cap!r}")
-        eps1 = float(self.hp["eps1"]) or None      # 0: the reference-code heuristic
-        self.splitter = CFLSplitter(gamma=float(self.hp["gamma"]), eps1=eps1,
-                                    eps2=float(self.hp["eps2"]) or None)
+        gamma, eps1, eps2, self.max_clusters = self.split_settings()
+        self.splitter = CFLSplitter(gamma=gamma, eps1=eps1, eps2=eps2)
         self.splits: list[list[int]] = []          # [round, parent, child, *moved clients]
+        self._reported = 0                         # splits already in metrics.jsonl
+
+    def split_settings(self) -> tuple[float, float | None, float | None, int]:
+        """(gamma, eps1, eps2, max clusters); None thresholds: the heuristic."""
+        p = self.params
+        return p.gamma, p.eps1 or None, p.eps2 or None, p.max_clusters
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:
         for mid in sorted({m for r in replies for m in r.models}):
             rs = [r for r in replies if mid in r.models]
             base = flatten(self.models[mid])
             updates = np.stack([flatten(r.models[mid]) - base for r in rs])
-            self.models[mid] = weighted_average(
-                [(r.models[mid], float(r.model_metrics.get(mid, {}).get("num-examples", r.num_examples)))
+            average = weighted_average(
+                [(r.models[mid], float(r.model_metrics.get(mid, {}).get("num-examples",
+                                                                        r.num_examples)))
                  for r in rs])
-            cap = int(self.hp["max-clusters"])
-            if len(rs) <= 2 or (cap and len(self.models) >= cap):
-                continue
-            split = self.splitter.propose(updates)
+            if self.aggregate_before_split:
+                self.models[mid] = average
+            capped = self.max_clusters and len(self.models) >= self.max_clusters
+            split = (None if len(rs) < self.min_split_members or capped
+                     else self.splitter.propose(updates))
             if split is not None:
                 child = self.new_model([a.copy() for a in self.models[mid]])
                 moved = [rs[i].cid for i in split[1]]
                 for cid in moved:
                     self.assign(cid, child)
                 self.splits.append([self.round, mid, child, *moved])
+            elif not self.aggregate_before_split:
+                self.models[mid] = average
 
     def round_metrics(self) -> dict[str, Any]:
-        return {"splits": sum(1 for s in self.splits if s[0] == self.round)}
+        """Splits since the last report (every round, or every time step)."""
+        out = {"splits": len(self.splits) - self._reported}
+        self._reported = len(self.splits)
+        return out
 
     def summary_extra(self) -> dict[str, Any]:
         return {"splits": self.splits}
 
     def strategy_state(self) -> dict[str, Any]:
-        return {"splits": self.splits, "max_mean_norm": self.splitter.max_mean_norm}
+        return {"splits": self.splits, "max_mean_norm": self.splitter.max_mean_norm,
+                "reported": self._reported}
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
         self.splits = [list(s) for s in state["splits"]]
         self.splitter.max_mean_norm = float(state["max_mean_norm"])
+        self._reported = int(state["reported"])
 
 
-class RoundCFL3(RoundCFL):
+class CFL3(CFL):
     name = "cfl3-rounds"
     description = "CFL(3) on plain rounds: recursive bi-partitioning, at most 3 clusters"
-    HPARAMS: ClassVar[dict[str, Any]] = {**RoundCFL.HPARAMS, "max-clusters": 3}
+    Params = CFL3Params

@@ -1,8 +1,23 @@
-"""FedAvg (and FedProx through ``prox-mu``): one global model, no clustering."""
+"""FedAvg and FedProx: one global model, no clustering.
+
+FedAvg: "Communication-Efficient Learning of Deep Networks from Decentralized Data", McMahan,
+Moore, Ramage, Hampson, Agüera y Arcas, AISTATS 2017, https://arxiv.org/abs/1602.05629.
+FedProx: "Federated Optimization in Heterogeneous Networks", Li, Sahu, Zaheer, Sanjabi,
+Talwalkar, Smith, MLSys 2020, https://arxiv.org/abs/1812.06127.
+
+Each sampled client c trains the global model w on its data; the server takes
+
+    w <- sum_{c in S} n_c w_c / sum_{c in S} n_c.
+
+FedProx adds mu/2 ||w - w_global||^2 to every client's local loss (``prox-mu``; ``fedprox``
+uses mu = 0.01 when it is unset, docs/foundation.md D2). Under FedDrift's time-step protocol
+the same class is the FedDrift paper's Oblivious, Window and Window-2 baselines, and under
+FlexCFL's selection its FedAvg reference.
+"""
 
 from __future__ import annotations
 
-from fedcluster_app.core.strategy import ClusteredStrategy
+from fedcluster_app.core.strategy import ClusteredStrategy, Task
 
 
 class FedAvg(ClusteredStrategy):
@@ -16,7 +31,7 @@ class FedProx(FedAvg):
     description = "FedAvg with the FedProx proximal term (prox-mu, 0.01 when unset)"
     DEFAULT_MU = 0.01
 
-    def plan_train(self, step: int):
+    def plan_train(self, step: int) -> dict[int, Task]:
         mu = self.cfg.train.prox_mu or self.DEFAULT_MU
         plan = super().plan_train(step)
         for task in plan.values():

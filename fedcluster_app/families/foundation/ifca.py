@@ -1,38 +1,77 @@
-"""IFCA (Ghosh et al.): K models; every round each sampled client takes the lowest-loss one.
+"""IFCA: K models; every round each sampled client trains the one of lowest loss.
 
-The client evaluates all K models on its current training window, trains only the best one and
-reports which it chose; each model is then averaged over the clients that chose it. All clients
-start on model 0 (FedDrift spec, ambiguity 16); the other models keep distinct random
-initialisations until some client finds them better.
+"An Efficient Framework for Clustered Federated Learning", Ghosh, Chung, Yin, Ramchandran,
+NeurIPS 2020, https://arxiv.org/abs/2006.04088.
+
+With K models w_1..w_K, each selected client c computes the loss of every model on its
+training data, trains only k^ = argmin_k L(w_k, D_c) and reports k^; then
+
+    w_k <- sum_{c: k^_c = k} n_c w_c / sum_{c: k^_c = k} n_c      (unchanged if nobody chose k)
+
+(``weighted = False``: the unweighted mean, as the FlexCFL paper runs IFCA). The models start
+from distinct random initialisations and every client on model 0 (docs/foundation.md D1).
+One implementation serves every protocol: ``ifca`` on plain rounds, ``ifca-w`` under
+FedDrift's time-step protocol (newest batch; round 1 trains model 0 without a choice) and
+``flexcfl-ifca`` under FlexCFL's client selection.
 """
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.strategy import ClusteredStrategy, Reply, Task
+from fedcluster_app.core.strategy import (
+    ClusteredStrategy,
+    Reply,
+    Task,
+    weighted_average,
+)
 
 
 class IFCA(ClusteredStrategy):
     name = "ifca"
     description = "K models (num-clusters); each client trains the one with the lowest loss"
+    #: round 1 trains model 0 without a choice (the FedDrift paper's IFCA)
+    warm_start: ClassVar[bool] = False
+
+    def __init__(self, experiment) -> None:
+        super().__init__(experiment)
+        self.center_ids: list[int] = []
+        self.weighted = bool(getattr(self.params, "weighted", True))
+
+    def num_models(self) -> int:
+        return self.cfg.num_clusters
 
     def on_start(self) -> None:
-        for k in range(self.cfg.num_clusters):
-            self.new_model(self.initial_weights(salt=k))   # IFCA needs distinct random models
+        # distinct random models, ids 0..K-1
+        self.center_ids = [self.new_model(self.initial_weights(salt=k))
+                           for k in range(self.num_models())]
         for cid in self.clients:
-            self.assign(cid, 0)
+            self.assign(cid, self.center_ids[0])
 
     def plan_train(self, step: int) -> dict[int, Task]:
-        ids = sorted(self.models)
-        return {
-            cid: Task(models=ids, config={P.SELECT: "min-loss"})
-            for cid in self.sample(sorted(self.clients), self.cfg.fraction_train)
-        }
+        selected = self.protocol.select(sorted(self.clients))
+        if self.warm_start and self.round == 1:
+            return {cid: Task(models=[self.center_ids[0]]) for cid in selected}
+        return {cid: Task(models=list(self.center_ids), config={P.SELECT: "min-loss"})
+                for cid in selected}
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:
         for r in replies:
-            self.assign(r.cid, int(r.metrics[P.CHOSEN]))
-        super().on_train_replies(step, replies)
+            if P.CHOSEN in r.metrics:
+                self.assign(r.cid, int(r.metrics[P.CHOSEN]))
+        for mid, items in self.collect_updates(replies).items():
+            self.models[mid] = weighted_average(
+                items if self.weighted else [(w, 1.0) for w, _ in items])
 
     def num_clusters(self) -> int:
-        return len(self.models)
+        return len(self.center_ids)
+
+    def active_models(self, step: int) -> list[int] | None:
+        return list(self.center_ids)      # every model is on offer every round
+
+    def strategy_state(self) -> dict[str, Any]:
+        return {"center_ids": self.center_ids}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        self.center_ids = [int(m) for m in state["center_ids"]]

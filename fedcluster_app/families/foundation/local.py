@@ -1,5 +1,7 @@
 """Local: no federation. Each client trains and evaluates its own model, which never leaves it.
 
+No paper: the lower reference of personalised FL (no collaboration at all).
+
 The model lives in the client's ``context.state`` (the base's "personal model" path, the same
 mechanism FedCCFA's personal classifiers use), so nothing but metrics travels.
 """
@@ -17,7 +19,7 @@ class Local(ClusteredStrategy):
         pass
 
     def plan_train(self, step: int) -> dict[int, Task]:
-        return {cid: Task(personal=True) for cid in self.sample(sorted(self.clients), self.cfg.fraction_train)}
+        return {cid: Task(personal=True) for cid in self.protocol.select(sorted(self.clients))}
 
     def eval_task(self, cid: int) -> Task | None:
         return Task(personal=True)

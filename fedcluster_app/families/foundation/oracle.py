@@ -1,11 +1,16 @@
-"""Oracle: one model per ground-truth concept (the upper reference; no other strategy may do this).
+"""Oracle: one model per ground-truth concept, the upper reference.
 
-At the start of every time step it asks all clients for the concept of their current training
-data and assigns each client to that concept's model, created lazily with the common seeded
-initialisation.
+No paper: the reference every clustered-FL paper compares with. At the start of every time
+step the server asks all clients for the concept of their current training data and puts each
+client on that concept's model, created when the concept first appears from the run's common
+initialisation (docs/foundation.md D4). A client whose concept is unknown keeps its model.
+The only strategy allowed to read the ground truth. One implementation serves every protocol:
+``oracle`` on plain rounds, ``oracle-t`` / ``oracle-w`` under FedDrift's time-step protocol.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from flwr.serverapp import Grid
 
@@ -23,11 +28,9 @@ class Oracle(ClusteredStrategy):
         self.concept_model: dict[int, int] = {}
 
     def on_start(self) -> None:
-        pass  # models are created per concept in before_round
+        pass  # models are created per concept in begin_step
 
-    def before_round(self, grid: Grid, step: int, new_step: bool) -> None:
-        if not new_step:
-            return
+    def begin_step(self, grid: Grid, step: int) -> None:
         self.query(grid, P.QUERY_INFO)
         for cid in sorted(self.clients):
             concept = self.true_concept(cid, step)
@@ -37,8 +40,8 @@ class Oracle(ClusteredStrategy):
                 self.concept_model[concept] = self.new_model()
             self.assign(cid, self.concept_model[concept])
 
-    def strategy_state(self) -> dict:
+    def strategy_state(self) -> dict[str, Any]:
         return {"concept_model": {str(k): v for k, v in self.concept_model.items()}}
 
-    def load_strategy_state(self, state: dict) -> None:
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
         self.concept_model = {int(k): int(v) for k, v in state["concept_model"].items()}

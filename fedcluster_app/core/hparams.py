@@ -1,0 +1,206 @@
+"""Typed hyper-parameters: every strategy declares its own once, as a frozen dataclass.
+
+    @dataclass(frozen=True)
+    class FedDriftParams(HParams):
+        delta: float = param(0.1, "drift and merge threshold (0-1 error units)", gt=0, le=1)
+        loss: str = param("error", "loss of detection and distances", choices=("error", "cross-entropy"))
+
+Each field's run-config key is its name with ``-`` for ``_`` (``key=`` when it differs, e.g. a
+Python keyword). One routine, :func:`check_value`, validates every field of every class when an
+instance is built, from a run-config table (:meth:`HParams.from_table`), from keywords
+(:meth:`HParams.from_kwargs`, the public API) or from a message (:meth:`HParams.from_message`,
+the client side). A bad value raises :class:`ConfigError` naming the table, the key, the value
+and what is allowed; an unknown key lists the valid ones and suggests the closest.
+The ``[tool.flwr.app.config.<table>]`` tables of ``pyproject.toml`` are tested against these
+classes, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar, get_type_hints
+
+from fedcluster_app.core.config import ConfigError, ConfigValue, section
+
+T = TypeVar("T", bound="HParams")
+_TYPES = (bool, int, float, str)
+
+
+def param(default: ConfigValue, doc: str, *, ge: float | None = None, gt: float | None = None,
+          le: float | None = None, lt: float | None = None, choices: tuple | None = None,
+          key: str | None = None, allow_inf: bool = False, lower: bool = False) -> Any:
+    """A hyper-parameter field: its default, a one-line description and what is allowed
+    (bounds ``ge``/``gt``/``le``/``lt``, or ``choices``); ``allow_inf`` admits infinity,
+    ``lower`` takes a string in any case."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "key": key,
+            "allow_inf": allow_inf, "lower": lower}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def suggest(name: str, valid: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest valid name, or nothing."""
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def rule(meta: Mapping[str, Any], kind: type) -> str:
+    """What a field allows, in words: "one of 'a', 'b'", "in (0, 1]", ">= 0", "an integer >= 1"."""
+    if meta.get("choices"):
+        return "one of " + ", ".join(repr(c) for c in meta["choices"])
+    if kind is bool:
+        return "true or false"
+    if kind is str:
+        return "a string"
+    lo = next(((b, meta[k]) for k, b in (("ge", "["), ("gt", "(")) if meta.get(k) is not None), None)
+    hi = next(((b, meta[k]) for k, b in (("le", "]"), ("lt", ")")) if meta.get(k) is not None), None)
+    what = "an integer " if kind is int else ""
+    if lo and hi:
+        return f"{what}in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+    if lo:
+        return f"{what}{'>=' if lo[0] == '[' else '>'} {lo[1]:g}"
+    if hi:
+        return f"{what}{'<=' if hi[0] == ']' else '<'} {hi[1]:g}"
+    return "an integer" if kind is int else "a number"
+
+
+def check_value(where: str, value: Any, kind: type, meta: Mapping[str, Any]) -> ConfigValue:
+    """``value`` as ``kind`` if the field allows it, else a ConfigError naming ``where``.
+
+    Integral floats are accepted for integers (``10.0`` from a loose config) and integers for
+    floats; booleans are never numbers; NaN is never allowed, infinity only with ``allow_inf``.
+    """
+    given = value
+
+    def fail() -> ConfigError:
+        return ConfigError(f"{where} must be {rule(meta, kind)}, got {given!r}")
+
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise fail()
+    elif kind is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail()
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise fail()
+            value = int(value)
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail()
+        value = float(value)
+        if math.isnan(value) or (math.isinf(value) and not meta.get("allow_inf")):
+            raise fail()
+    elif kind is str:
+        if not isinstance(value, str):
+            raise fail()
+        if meta.get("lower"):
+            value = value.lower()
+    if meta.get("choices") is not None and value not in meta["choices"]:
+        raise fail()
+    bounds = (("ge", lambda v, b: v >= b), ("gt", lambda v, b: v > b),
+              ("le", lambda v, b: v <= b), ("lt", lambda v, b: v < b))
+    for name, ok in bounds:
+        if meta.get(name) is not None and not ok(value, meta[name]):
+            raise fail()
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class HParams:
+    """Base of every strategy's hyper-parameters: a frozen dataclass of :func:`param` fields,
+    validated when built. ``table`` is the run-config table the values come from (the
+    strategy's name unless the class says otherwise)."""
+
+    table: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        hints = get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            kind = hints[f.name]
+            if kind not in _TYPES:
+                raise TypeError(f"{type(self).__name__}.{f.name}: hyper-parameters are bool, int, "
+                                f"float or str, not {kind}")
+            value = check_value(self.where(f), getattr(self, f.name), kind, f.metadata)
+            object.__setattr__(self, f.name, value)
+        self.check()
+
+    def check(self) -> None:
+        """Rules that involve several fields; raise ConfigError naming them."""
+
+    # -- naming ----------------------------------------------------------------------------
+    @classmethod
+    def key_of(cls, f: dataclasses.Field) -> str:
+        return f.metadata.get("key") or f.name.replace("_", "-")
+
+    def where(self, f: dataclasses.Field | str) -> str:
+        """``<table>.<key>``, the name a user sets it by."""
+        key = f if isinstance(f, str) else self.key_of(f)
+        return f"{self.table}.{key}" if self.table else key
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [cls.key_of(f) for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, ConfigValue, str, str]]:
+        """``(key, default, allowed, description)`` of every field."""
+        hints = get_type_hints(cls)
+        return [(cls.key_of(f), f.default, rule(f.metadata, hints[f.name]), f.metadata["doc"])
+                for f in dataclasses.fields(cls)]
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_table(cls: type[T], values: Mapping[str, ConfigValue]) -> T:
+        """From a run-config table (keys with ``-``); unknown keys are a ConfigError."""
+        names = {cls.key_of(f): f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise ConfigError(f"unknown {cls.table} hyper-parameter(s) {', '.join(unknown)}"
+                              f"{suggest(unknown[0], list(names))}; valid: "
+                              f"{', '.join(sorted(names))}")
+        return cls(**{names[k]: v for k, v in values.items()})
+
+    @classmethod
+    def from_run_config(cls: type[T], raw: Mapping[str, ConfigValue]) -> T:
+        """From the ``<table>.*`` keys of a flat run config."""
+        return cls.from_table(section(raw, cls.table))
+
+    @classmethod
+    def from_kwargs(cls: type[T], **kwargs: Any) -> T:
+        """From Python keywords (field names, ``_``) or run-config keys (``-``)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        by_key = {cls.key_of(f): f.name for f in dataclasses.fields(cls)}
+        values = {}
+        for k, v in kwargs.items():
+            name = k if k in names else by_key.get(k)
+            if name is None:
+                raise ConfigError(f"unknown {cls.table} hyper-parameter {k!r}"
+                                  f"{suggest(k, sorted(names))}; valid: {', '.join(sorted(names))}")
+            values[name] = v
+        return cls(**values)
+
+    # -- the wire ----------------------------------------------------------------------------
+    def to_table(self) -> dict[str, ConfigValue]:
+        return {self.key_of(f): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def to_message(self, prefix: str) -> dict[str, ConfigValue]:
+        """Every value, as config entries ``<prefix><key>`` of a message to a client."""
+        return {f"{prefix}{k}": v for k, v in self.to_table().items()}
+
+    @classmethod
+    def from_message(cls: type[T], config: Mapping[str, Any], prefix: str) -> T:
+        """What :meth:`to_message` sent; every key must be there (clients have no defaults)."""
+        keys = cls.keys()
+        missing = [k for k in keys if f"{prefix}{k}" not in config]
+        if missing:
+            raise ValueError(f"the message lacks hyper-parameter(s) "
+                             f"{', '.join(prefix + k for k in missing)}")
+        return cls.from_table({k: config[f"{prefix}{k}"] for k in keys})
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams(HParams):
+    """A strategy without hyper-parameters of its own (it reads only run-config keys)."""

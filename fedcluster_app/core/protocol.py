@@ -1,0 +1,204 @@
+"""Protocols: how rounds map to time steps, who trains on what, and how clients are scored.
+
+A strategy says *what* its algorithm does (which models exist, who is assigned to which, how
+replies are aggregated); its protocol says *when and on what data*: the round loop of
+:class:`~fedcluster_app.core.strategy.ClusteredStrategy` asks the protocol how many rounds there
+are, which step a round belongs to, which rounds evaluate and how, and lets it decorate and
+account for every message. The same algorithm class can therefore run under several protocols:
+``fedavg`` and FedDrift's ``window`` are one FedAvg under two of them.
+
+:class:`Protocol` is the plain round protocol every family uses unless it says otherwise:
+
+* ``num_steps x rounds-per-step`` rounds; round r belongs to step ``(r - 1) // R + 1``;
+* each round the strategy's plan trains some clients on their window of the newest ``window``
+  steps (by default ``fraction-train`` of every cluster's members, :meth:`default_plan`);
+* every ``eval-every`` rounds (and the last) every participating client is tested on the
+  held-out split of the current step with its cluster's model (or the mixture of its soft
+  clusters); held-out clients (a scenario's ``holdout_clients``) are scored as newcomers
+  (``global_accuracy``); the adjusted Rand index of the clustering against the true concepts,
+  the concept-by-cluster mass and the number of clients whose concept changed are recorded.
+
+Other protocols subclass it: FedDrift's time-step protocol (``families/feddrift/protocol.py``:
+history per (step, client), test on the next step) and FlexCFL's paper protocol
+(``families/flexcfl/protocol.py``: its client selection and scoring rule).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from flwr.serverapp import Grid
+
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.messages import Reply, Task
+
+if TYPE_CHECKING:
+    from fedcluster_app.core.strategy import ClusteredStrategy
+
+
+class Protocol:
+    """The plain round protocol (module docstring); the base of every other protocol."""
+
+    name = "rounds"
+
+    def __init__(self) -> None:
+        self.strategy: ClusteredStrategy | None = None
+
+    def bind(self, strategy: ClusteredStrategy) -> None:
+        """Called once by the strategy that runs under this protocol."""
+        self.strategy = strategy
+
+    @property
+    def s(self) -> ClusteredStrategy:
+        assert self.strategy is not None, "protocol not bound to a strategy"
+        return self.strategy
+
+    # ------------------------------------------------------------------ time
+    def num_rounds(self) -> int:
+        return self.s.exp.scenario.num_steps * self.s.cfg.rounds_per_step
+
+    def time_step(self, server_round: int) -> int:
+        """Time steps are 1-based and last ``rounds-per-step`` rounds each."""
+        return (server_round - 1) // self.s.cfg.rounds_per_step + 1
+
+    def evaluates(self, server_round: int) -> bool:
+        return server_round % self.s.cfg.eval_every == 0 or server_round == self.s.num_rounds
+
+    # ------------------------------------------------------------------ hooks of the loop
+    def start_round(self, server_round: int) -> None:
+        """At the very start of every round (per-round counters)."""
+
+    def begin_step(self, grid: Grid, step: int) -> None:
+        """Before the strategy's own ``begin_step``, at the start of every time step."""
+
+    def before_round(self, grid: Grid, step: int) -> None:
+        """Before the strategy's ``before_round``, every round."""
+
+    def select(self, cids: list[int]) -> list[int]:
+        """Which of ``cids`` train this round: ``fraction-train`` of them, drawn at random."""
+        return self.s.sample(cids, self.s.cfg.fraction_train)
+
+    def default_plan(self, step: int) -> dict[int, Task]:
+        """``fraction-train`` of every cluster's members train that cluster's model."""
+        plan = {}
+        for mid in self.s.clusters_in_use():
+            for cid in self.select(self.s.members(mid)):
+                plan[cid] = Task(models=[mid])
+        return plan
+
+    def message_kind(self, kind: str) -> str:
+        """The message type a ``kind`` exchange is sent under (a family's own handlers)."""
+        return self.s.message_kinds.get(kind, kind)
+
+    def prepare(self, kind: str, tasks: dict[int, Task]) -> None:
+        """Complete the tasks of an exchange before they are sent (e.g. which data to use)."""
+
+    def on_exchange(self, kind: str, tasks: dict[int, Task], replies: list[Reply]) -> None:
+        """After every exchange (accounting; ``kind`` as the strategy named it)."""
+
+    def on_new_model(self, mid: int, created: bool) -> None:
+        """A model was registered (``created=False``: the result of a merge)."""
+
+    def on_assign(self, cid: int, mid: int | None) -> None:
+        """A client's cluster changed."""
+
+    def on_relabel(self, old: int, new: int | None) -> None:
+        """Every client of model ``old`` now belongs to ``new`` (a merge; None: to none)."""
+
+    def num_clusters(self) -> int:
+        return self.s.num_clusters()
+
+    def round_metrics(self, evaluated: bool) -> dict[str, Any]:
+        """This round's protocol and strategy keys of metrics.jsonl."""
+        return self.s.round_metrics()
+
+    def summary_extra(self) -> dict[str, Any]:
+        return {}
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    # ------------------------------------------------------------------ evaluation
+    def eval_task(self, cid: int) -> Task | None:
+        return self.s.eval_task(cid)
+
+    def global_eval_task(self, cid: int) -> Task | None:
+        return self.s.global_eval_task(cid)
+
+    def evaluate(self, grid: Grid, step: int) -> dict[str, Any]:
+        """Local accuracy of the participating clients (each on its own cluster's model or
+        mixture), then global accuracy of the held-out clients, the ARI, the concept-by-cluster
+        mass and, when a step begins, how many clients drifted."""
+        s = self.s
+        tasks = {}
+        for cid in s.sample(s.training_clients(), s.cfg.fraction_evaluate):
+            task = self.eval_task(cid)
+            if task is not None:
+                tasks[cid] = task
+        replies = s.exchange(grid, P.EVALUATE, tasks)
+        accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
+        out: dict[str, Any] = {
+            "accuracy": float(np.mean(list(accs.values()))) if accs else None,
+            "weighted_accuracy": weighted_accuracy(replies),
+            "evaluated_clients": len(accs),
+        }
+        if len(accs) <= 200:
+            out["client_accuracy"] = {str(c): round(a, 5) for c, a in accs.items()}
+        if s.holdouts:
+            out.update(self.evaluate_holdouts(grid))
+        truth = {c: s.concept_for_metrics(c, step) for c in accs}
+        truth = {c: k for c, k in truth.items() if k is not None}
+        if truth:
+            labels = {c: s.cluster_label(c) for c in truth}
+            out["ari"] = adjusted_rand([truth[c] for c in truth], [labels[c] for c in truth])
+            out["concept_cluster_mass"] = self.concept_cluster_mass(truth)
+            if s.round == 1 or self.time_step(s.round - 1) != step:
+                # a drift happens when a step brings data of another concept: count it once
+                before = {c: s.concept_for_metrics(c, step - 1) for c in truth}
+                out["drifted_clients"] = sum(
+                    1 for c in truth if before[c] is not None and before[c] != truth[c])
+        return out
+
+    def evaluate_holdouts(self, grid: Grid) -> dict[str, Any]:
+        s = self.s
+        tasks = {c: t for c in sorted(s.holdouts & set(s.clients))
+                 if (t := self.global_eval_task(c)) is not None}
+        replies = s.exchange(grid, P.EVALUATE, tasks)
+        accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
+        return {
+            "global_accuracy": float(np.mean(list(accs.values()))) if accs else None,
+            "global_client_accuracy": {str(c): round(a, 5) for c, a in accs.items()},
+        }
+
+    def concept_cluster_mass(self, truth: dict[int, int]) -> dict[str, dict[str, float]]:
+        """Concept -> cluster -> summed assignment weight of that concept's clients (soft
+        weights, or 1 on the hard cluster)."""
+        mass: dict[str, dict[str, float]] = {}
+        for cid, concept in sorted(truth.items()):
+            rec = self.s.clients[cid]
+            weights = rec.soft or ({rec.cluster: 1.0} if rec.cluster is not None else {})
+            row = mass.setdefault(str(concept), {})
+            for mid, w in sorted(weights.items()):
+                row[str(mid)] = round(row.get(str(mid), 0.0) + float(w), 6)
+        return mass
+
+
+def adjusted_rand(truth: list[int], labels: list[int | None]) -> float:
+    """Adjusted Rand index of a clustering (None = unassigned, its own label) against the
+    true concepts."""
+    from sklearn.metrics import adjusted_rand_score
+
+    return float(adjusted_rand_score(truth, [-1 if m is None else m for m in labels]))
+
+
+def weighted_accuracy(replies: list[Reply]) -> float | None:
+    """Test accuracy over all evaluated samples (clients weighted by their test-set size)."""
+    pairs = [(float(r.metrics[P.ACCURACY]), r.num_examples) for r in replies
+             if r.num_examples > 0 and math.isfinite(float(r.metrics[P.ACCURACY]))]
+    total = sum(n for _, n in pairs)
+    return sum(a * n for a, n in pairs) / total if total else None

@@ -1,0 +1,88 @@
+"""The FlexCFL paper's IFCA, IFCA-MIG and FedAvg: the foundation's strategies under its protocol.
+
+"Flexible Clustered Federated Learning for Client-Level Data Distribution Shift", Duan et al.,
+IEEE TPDS 2022, https://arxiv.org/abs/2108.09749, sections 4.3 and 6 (FeSEM and FeSEM-MIG are
+in ``fesem.py``). The paper runs IFCA with all m models down, the client's min-loss choice and
+the *unweighted* mean per model; IFCA-MIG adds the label-shift test, and a shifted warm client
+(selected or not) receives all m models and takes the one of lowest training loss at once, as
+the authors' code re-runs IFCA's assignment: m models down per shifted client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flwr.serverapp import Grid
+
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.hparams import param
+from fedcluster_app.core.strategy import Reply
+from fedcluster_app.families.flexcfl.migration import MigrationMixin, ShiftParams
+from fedcluster_app.families.flexcfl.protocol import (
+    PaperProtocol,
+    SelectionParams,
+    eval_model_param,
+    num_groups,
+)
+from fedcluster_app.families.foundation.fedavg import FedAvg
+from fedcluster_app.families.foundation.ifca import IFCA
+
+
+@dataclass(frozen=True)
+class FlexIFCAParams(SelectionParams):
+    table = "flexcfl-ifca"
+    num_groups: int = param(0, "m, the number of models; 0 = the run's num-clusters", ge=0)
+    weighted: bool = param(False, "false: unweighted mean per model (the paper); true: by "
+                           "num-examples")
+    eval_model: str = eval_model_param()
+
+
+@dataclass(frozen=True)
+class FlexIFCAMigParams(ShiftParams, FlexIFCAParams):
+    table = "flexcfl-ifca-mig"
+
+
+@dataclass(frozen=True)
+class FlexFedAvgParams(SelectionParams):
+    table = "flexcfl-fedavg"
+
+
+class FlexIFCA(IFCA):
+    name = "flexcfl-ifca"
+    description = ("IFCA as in the FlexCFL paper: all m models down, min-loss choice, unweighted "
+                   "mean, paper selection")
+    Params = FlexIFCAParams
+    protocol_factory = PaperProtocol
+
+    def num_models(self) -> int:
+        return num_groups(self)
+
+
+class FlexIFCAMig(MigrationMixin, FlexIFCA):
+    name = "flexcfl-ifca-mig"
+    description = ("IFCA-MIG: flexcfl-ifca plus the label-shift check; a shifted client takes "
+                   "the lowest-loss model at once (m models down)")
+    Params = FlexIFCAMigParams
+
+    def before_round(self, grid: Grid, step: int, new_step: bool) -> None:
+        self.migrate(grid)
+
+    def reassign(self, grid: Grid, cids: list[int]) -> list[int]:
+        replies = self.query(grid, P.QUERY_LOSSES, cids, models=list(self.center_ids))
+        done = []
+        for cid, r in sorted(replies.items()):
+            losses = dict(zip((int(m) for m in r.metrics[P.MODEL_IDS]), r.metrics[P.LOSSES]))
+            self.assign(cid, min(sorted(losses), key=lambda m: (losses[m], m)))
+            done.append(cid)
+        return done
+
+    def on_train_replies(self, step: int, replies: list[Reply]) -> None:
+        super().on_train_replies(step, replies)
+        self.set_reference([r.cid for r in replies])     # assigned by its min-loss choice
+
+
+class FlexFedAvg(FedAvg):
+    name = "flexcfl-fedavg"
+    description = "FedAvg on the FlexCFL paper's client selection (its reference baseline)"
+    Params = FlexFedAvgParams
+    protocol_factory = PaperProtocol

@@ -1,0 +1,176 @@
+"""The FlexCFL paper's protocol: its client selection, its accounting and its scoring rule.
+
+From "Flexible Clustered Federated Learning for Client-Level Data Distribution Shift", Duan,
+Liu, Chen, Tan, Xie, Yang, Jiang; IEEE TPDS 2022, https://arxiv.org/abs/2108.09749. Every
+strategy of its comparison runs under it (FlexCFL, FedGroup, FeSEM, and the foundation's IFCA
+and FedAvg), so they see the same clients in the same rounds:
+
+* selection (``selection = "paper"``): round-robin over the clients sorted by id for the first
+  N/K rounds, then ``random.Random(t + seed).sample(clients, K)``: stateless, identical for
+  every method; ``selection = "fraction"``: the base's ``fraction-train`` sampling instead;
+* accounting: ``models_down`` / ``models_up`` count the models moved by training and query
+  messages, evaluation excluded (the communication the paper reports);
+* scoring (``eval-model``): ``current_group`` tests every client with its group's current model,
+  ``last_received`` with the model it last trained from (w0 if none), as the authors' code does
+  (docs/flexcfl.md explains both). Held-out clients never see those snapshots.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.serverapp import Grid
+
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.config import ConfigError
+from fedcluster_app.core.hparams import HParams, param
+from fedcluster_app.core.messages import Reply, Task
+from fedcluster_app.core.protocol import Protocol
+
+SELECTIONS = ("paper", "fraction")
+EVAL_MODELS = ("current_group", "last_received")
+
+
+@dataclass(frozen=True)
+class SelectionParams(HParams):
+    """The protocol's own keys, in every FlexCFL-comparison table."""
+
+    clients_per_round: int = param(20, "K, clients selected per round", ge=1)
+    selection: str = param("paper", "paper: round-robin for N/K rounds, then "
+                           "random.sample seeded t + seed | fraction: fraction-train",
+                           choices=SELECTIONS)
+
+
+def eval_model_param() -> Any:
+    return param("current_group", "current_group | last_received: each client tested with the "
+                 "model it last trained from (w0 if none)", choices=EVAL_MODELS)
+
+
+def num_groups(strategy) -> int:
+    """m: the table's ``num-groups``, 0 = the run's ``num-clusters``; at most the clients."""
+    m = strategy.params.num_groups or strategy.cfg.num_clusters
+    n = strategy.exp.scenario.num_clients
+    if m > n:
+        raise ConfigError(f"{strategy.params.table}.num-groups (m) = {m} is larger than the "
+                          f"number of clients ({n})")
+    return m
+
+
+class PaperProtocol(Protocol):
+    """FlexCFL's selection, accounting and scoring (module docstring)."""
+
+    name = "flexcfl-selection"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.selected: list[int] = []
+        self.comm = {"models_down": 0, "models_up": 0}
+        # last_received: client -> snapshot (a registry entry) of the model it last trained from
+        self.received: dict[int, int] = {}
+        self.snapshots: set[int] = set()
+        self.eval_w0_id: int | None = None
+
+    @property
+    def eval_model(self) -> str:
+        return getattr(self.s.params, "eval_model", "current_group")
+
+    # -- selection
+    def before_round(self, grid: Grid, step: int) -> None:
+        self.selected = self.select_round()
+
+    def select_round(self) -> list[int]:
+        s = self.s
+        cids = s.training_clients()
+        if not cids:
+            return []
+        if s.params.selection == "fraction":
+            return s.sample(cids, s.cfg.fraction_train)
+        n, k = len(cids), min(s.params.clients_per_round, len(cids))
+        t = s.round - 1
+        if t * k < n:
+            start = (t * k) % n
+            return sorted(cids[(start + i) % n] for i in range(k))
+        return sorted(random.Random(t + s.cfg.seed).sample(cids, k))
+
+    def select(self, cids: list[int]) -> list[int]:
+        wanted = set(cids)
+        return [c for c in self.selected if c in wanted]
+
+    def default_plan(self, step: int) -> dict[int, Task]:
+        """Every selected client whose group has a model trains it."""
+        mids = self.s.clusters_in_use()
+        return {c: Task(models=[self.s.clients[c].cluster]) for c in self.selected
+                if self.s.clients[c].cluster in mids}
+
+    # -- accounting, and what each client received
+    def on_exchange(self, kind: str, tasks: dict[int, Task], replies: list[Reply]) -> None:
+        s = self.s
+        if kind != P.EVALUATE:
+            self.comm["models_down"] += sum(
+                len(t.models) for c, t in tasks.items() if s.clients[c].node_id is not None)
+            self.comm["models_up"] += sum(len(r.models) for r in replies)
+        if kind == P.TRAIN and self.eval_model == "last_received":
+            self._record_received(replies)
+
+    def _record_received(self, replies: list[Reply]) -> None:
+        """``last_received``: the model a client trained from, as it was sent (this runs before
+        the round's aggregation), kept as a registry entry until no client refers to it. A
+        client whose training failed keeps its previous one."""
+        s = self.s
+        snap: dict[int, int] = {}
+        for r in replies:
+            if len(r.models) != 1:
+                continue
+            (mid,) = r.models
+            if mid not in s.models:
+                continue
+            if mid not in snap:
+                snap[mid] = s.new_model([a.copy() for a in s.models[mid]])
+                self.snapshots.add(snap[mid])
+            self.received[r.cid] = snap[mid]
+        used = set(self.received.values())
+        for sid in sorted(self.snapshots - used):
+            s.delete_model(sid)
+        self.snapshots &= used
+
+    def w0_model_id(self) -> int:
+        """w0 (the run's common initial model), what a never-trained client holds."""
+        own = getattr(self.s, "w0_id", None)        # FlexCFL keeps w0 in its registry anyway
+        if own is not None:
+            return own
+        if self.eval_w0_id is None or self.eval_w0_id not in self.s.models:
+            self.eval_w0_id = self.s.new_model(self.s.initial_weights())
+        return self.eval_w0_id
+
+    def eval_task(self, cid: int) -> Task | None:
+        if self.eval_model != "last_received":
+            return self.s.eval_task(cid)
+        rec = self.s.clients[cid]
+        if rec.cluster is None or rec.cluster not in self.s.models:
+            return None      # not in a group (yet): not evaluated, as with current_group
+        sid = self.received.get(cid)
+        return Task(models=[sid if sid in self.s.models else self.w0_model_id()])
+
+    def global_eval_task(self, cid: int) -> Task | None:
+        hidden = self.snapshots | ({self.eval_w0_id} if self.eval_w0_id is not None else set())
+        ids = sorted(m for m in self.s.models if m not in hidden)
+        if not ids:
+            return None
+        return Task(models=ids, config={P.SELECT: "min-loss"} if len(ids) > 1 else {})
+
+    # -- reporting and state
+    def round_metrics(self, evaluated: bool) -> dict[str, Any]:
+        out = {**self.comm, **self.s.round_metrics()}
+        self.comm = {"models_down": 0, "models_up": 0}
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {"received": {str(c): s for c, s in self.received.items()},
+                "snapshots": sorted(self.snapshots), "eval_w0_id": self.eval_w0_id}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.received = {int(c): int(s) for c, s in state["received"].items()}
+        self.snapshots = {int(s) for s in state["snapshots"]}
+        self.eval_w0_id = state["eval_w0_id"]
