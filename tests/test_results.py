@@ -274,7 +274,7 @@ def test_failed_replace_keeps_old_summary_and_no_temp(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(results.os, "replace", broken_replace)
+    monkeypatch.setattr(os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
         r.finish(plot=False)
     monkeypatch.undo()
@@ -289,7 +289,9 @@ def test_plot_failure_does_not_lose_summary(tmp_path, monkeypatch):
     def broken_plot(*args, **kwargs):
         raise RuntimeError("no fonts")
 
-    monkeypatch.setattr(results, "_plot_history", broken_plot)
+    from fedcluster_app.core.results import recorder
+
+    monkeypatch.setattr(recorder, "plot_history", broken_plot)
     s = r.finish()
     assert "no fonts" in s["plot_error"]
     assert load_run(tmp_path)[0]["plot_error"] == s["plot_error"]
@@ -471,13 +473,15 @@ def test_finish_writes_png_and_plot_run(tmp_path):
 
 def test_plot_title_and_drift_lines(tmp_path, monkeypatch):
     captured = {}
-    real_save = results._save_png
+    from fedcluster_app.core.results import plots
+
+    real_save = plots.save_png
 
     def spy(fig, out_path):
         captured["fig"] = fig
         return real_save(fig, out_path)
 
-    monkeypatch.setattr(results, "_save_png", spy)
+    monkeypatch.setattr(plots, "save_png", spy)
     r = RunRecorder(tmp_path, strategy="fedavg", scenario="sea", seed=4, config={})
     for i in range(1, 7):
         r.log_round(rec(i, 0.7, drift=1 if i in (3, 5) else 0))

@@ -1,0 +1,25 @@
+"""Run results: per-round metrics, run summary, plots and run comparison.
+
+Every run writes to its output directory (the results contract; other tools read only these
+files): ``metrics.jsonl`` (one JSON object per round), ``summary.json`` (run-level totals and
+means, written atomically) and ``plot.png`` (accuracy and number of clusters over rounds, drift
+events marked). By concern: ``files`` (the contract, JSON, reading), ``recorder`` (writing a
+run), ``console`` (the progress line), ``plots`` and ``compare`` (several runs).
+"""
+
+from fedcluster_app.core.results.compare import (GLOBAL_BASELINES, compare_runs, round_seconds,
+                                                 rounds_to_target, time_to_target,
+                                                 time_to_target_table)
+from fedcluster_app.core.results.console import format_round_line, progress_bar
+from fedcluster_app.core.results.files import (METRICS_FILE, PLOT_FILE, REQUIRED_ROUND_KEYS,
+                                               REQUIRED_SUMMARY_KEYS, SUMMARY_FILE, load_run,
+                                               to_json)
+from fedcluster_app.core.results.plots import plot_run
+from fedcluster_app.core.results.recorder import RunRecorder, compute_summary
+
+__all__ = [
+    "GLOBAL_BASELINES", "METRICS_FILE", "PLOT_FILE", "REQUIRED_ROUND_KEYS", "REQUIRED_SUMMARY_KEYS",
+    "SUMMARY_FILE", "RunRecorder", "compare_runs", "compute_summary", "format_round_line",
+    "load_run", "plot_run", "progress_bar", "round_seconds", "rounds_to_target", "time_to_target",
+    "time_to_target_table", "to_json",
+]

@@ -1,0 +1,198 @@
+"""The files of a run: what they must hold, JSON conversion, reading and validating them.
+
+``metrics.jsonl`` holds one JSON object per round; required keys ``round``, ``time_step``,
+``accuracy`` (mean client test accuracy in [0, 1], ``null`` when the round was not evaluated)
+and ``num_clusters``; ``ari`` when the scenario has ground truth; any strategy-specific key.
+``summary.json`` holds the run-level totals and means (``recorder.py``). NaN and infinities are
+never written: they become ``null``; NumPy scalars and arrays (anything with ``tolist()``) become
+plain JSON. Standard library only: the server imports this on start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+PLOT_FILE = "plot.png"
+
+REQUIRED_ROUND_KEYS = ("round", "time_step", "accuracy", "num_clusters")
+REQUIRED_SUMMARY_KEYS = (
+    "strategy",
+    "scenario",
+    "seed",
+    "rounds",
+    "mean_accuracy",
+    "final_accuracy",
+    "ari_final",
+    "bytes_up",
+    "bytes_down",
+    "wall_time_s",
+)
+STATUSES = ("completed", "failed")
+
+# Optional per-round keys whose type the recorder checks when they are present.
+_COUNT_KEYS = ("bytes_up", "bytes_down", "failures", "drifted_clients")
+
+
+
+
+def to_json(value: Any, *, where: str = "value") -> Any:
+    """Return ``value`` as plain JSON data (dict/list/str/int/float/bool/None).
+
+    NaN and +-inf become ``None``; numpy scalars/arrays (anything with ``tolist()``) become
+    Python numbers/lists; tuples and sets become lists; paths become strings; mapping keys
+    become strings. Raises ``TypeError`` naming ``where`` for anything else.
+    """
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            key = _json_key(k, where)
+            out[key] = to_json(v, where=f"{where}.{key}")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [to_json(v, where=f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        items = [to_json(v, where=f"{where}[]") for v in value]
+        try:
+            return sorted(items)
+        except TypeError:
+            return items
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):  # numpy scalar/array, torch tensor, ...
+        return to_json(tolist(), where=where)
+    raise TypeError(f"{where}: cannot convert {type(value).__name__} to JSON")
+
+
+def _json_key(key: Any, where: str) -> str:
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, (bool, int, float)):
+        return json.dumps(key)
+    item = getattr(key, "item", None)  # numpy scalar key, e.g. a cluster id
+    if callable(item):
+        return _json_key(item(), where)
+    raise TypeError(f"{where}: mapping key {key!r} ({type(key).__name__}) is not a JSON key")
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_round_record(rec: Any, where: str) -> None:
+    """Validate an already JSON-converted round record; raise ``ValueError`` naming ``where``."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: a round record must be a JSON object, got {type(rec).__name__}")
+    missing = [k for k in REQUIRED_ROUND_KEYS if k not in rec]
+    if missing:
+        raise ValueError(f"{where}: missing required key(s) {', '.join(missing)}")
+    for key in ("round", "time_step", "num_clusters"):
+        v = rec[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{where}: {key!r} must be a non-negative integer, got {v!r}")
+    acc = rec["accuracy"]
+    if acc is not None and (not is_number(acc) or not 0.0 <= acc <= 1.0):
+        raise ValueError(f"{where}: 'accuracy' must be null or a number in [0, 1], got {acc!r}")
+    ari = rec.get("ari")
+    if ari is not None and (not is_number(ari) or not -1.0 <= ari <= 1.0):
+        raise ValueError(f"{where}: 'ari' must be null or a number in [-1, 1], got {ari!r}")
+    for key in _COUNT_KEYS:
+        v = rec.get(key)
+        if v is not None and (not is_number(v) or v < 0):
+            raise ValueError(f"{where}: {key!r} must be a non-negative number, got {v!r}")
+    v = rec.get("round_time_s")
+    if v is not None and (not is_number(v) or v < 0):
+        raise ValueError(f"{where}: 'round_time_s' must be a non-negative number, got {v!r}")
+
+
+def normalise_counts(rec: dict) -> None:
+    """Integral floats in count keys (e.g. 1.2e6 bytes) become ints."""
+    for key in _COUNT_KEYS:
+        v = rec.get(key)
+        if isinstance(v, float) and v.is_integer():
+            rec[key] = int(v)
+
+
+
+
+def dump_line(rec: dict) -> str:
+    return json.dumps(rec, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def read_metrics(path: Path, *, tolerate_partial_last_line: bool = False) -> list[dict]:
+    """Parse and validate ``metrics.jsonl``; errors name the file and the line number.
+
+    With ``tolerate_partial_last_line`` a malformed *final* line (a line cut short by a crash)
+    is dropped instead of raising.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: metrics file not found") from None
+    lines = text.splitlines()
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    records: list[dict] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        where = f"{path}, line {i + 1}"
+        try:
+            rec = json.loads(line, parse_constant=reject_constant)
+        except ValueError as exc:
+            if tolerate_partial_last_line and i == last:
+                break
+            raise ValueError(f"{where}: malformed JSON ({exc})") from None
+        check_round_record(rec, where)
+        if records and rec["round"] <= records[-1]["round"]:
+            raise ValueError(
+                f"{where}: round {rec['round']} does not follow round {records[-1]['round']}"
+            )
+        records.append(rec)
+    return records
+
+
+
+
+
+def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:
+    """Return ``(summary, round_records)`` of a run directory.
+
+    Raises ``FileNotFoundError`` naming the missing directory/file and ``ValueError`` naming
+    the file (and line, for ``metrics.jsonl``) when a file is malformed.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: run directory not found")
+    summary_path = run_dir / SUMMARY_FILE
+    try:
+        text = summary_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{summary_path}: summary file not found") from None
+    try:
+        summary = json.loads(text, parse_constant=reject_constant)
+    except ValueError as exc:
+        raise ValueError(f"{summary_path}: malformed JSON ({exc})") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{summary_path}: expected a JSON object, got {type(summary).__name__}")
+    missing = [k for k in REQUIRED_SUMMARY_KEYS if k not in summary]
+    if missing:
+        raise ValueError(f"{summary_path}: missing required key(s) {', '.join(missing)}")
+    records = read_metrics(run_dir / METRICS_FILE)
+    return summary, records
