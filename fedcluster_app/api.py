@@ -1,30 +1,96 @@
-"""The public API: fedcluster's strategies for any Flower ServerApp."""
+"""The public API: fedcluster's clustered strategies for any Flower ServerApp.
+
+As with scikit-learn estimators, a strategy is built by name with keyword hyper-parameters,
+validated when it is built::
+
+    from fedcluster_app.api import make_strategy
+
+    strategy = make_strategy("feddrift", delta=0.1, scenario="sea4", rounds_per_step=20)
+    result = strategy.start(grid)          # Flower's Strategy.start; results also on disk
+
+Keywords are the strategy's own hyper-parameters (``FedDrift.Params``: ``delta``,
+``subsample``, ...) and any run-config key (``scenario``, ``seed``, ``num_clusters``,
+``rounds_per_step``, ...; ``_`` for ``-``); ``run_config`` passes a whole run config (e.g. a
+ServerApp's ``context.run_config``), which the keywords override. An unknown name lists the
+valid ones and suggests the closest; an unknown, mistyped or out-of-range keyword is a
+:class:`ConfigError` that names it. Nothing is sent before the strategy is built.
+
+The strategy classes are importable from here by their class names (``FedAvg``, ``IFCA``,
+``FedDrift``, ``Fielding``, ``FlexCFL``, ``FedRC``, ``FedCCFA``, ...); ``STRATEGIES`` maps
+run-config names to them. Clients must run fedcluster's ClientApp (``fedcluster_app.client_app``),
+which answers the message kinds the strategies send.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from fedcluster_app import families
-from fedcluster_app.core.experiment import Experiment
-from fedcluster_app.core.strategy import ClusteredStrategy
+from fedcluster_app.core.config import ConfigError, ConfigValue, default_run_config, merge_overrides
+from fedcluster_app.core.data import build_scenario, list_scenarios, scenario_names
+from fedcluster_app.core.experiment import Experiment, load_experiment
+from fedcluster_app.core.hparams import HParams, suggest
+from fedcluster_app.core.strategy import ClusteredResult, ClusteredStrategy
 
-STRATEGIES: dict[str, type[ClusteredStrategy]] = {cls.name: cls for cls in families.strategy_classes()}
+_CLASSES = families.strategy_classes()
+
+#: run-config name -> strategy class
+STRATEGIES: dict[str, type[ClusteredStrategy]] = {cls.name: cls for cls in _CLASSES}
+
+globals().update({cls.__name__: cls for cls in _CLASSES})   # FedAvg, IFCA, FedDrift, ...
+
+__all__ = ["ClusteredResult", "ClusteredStrategy", "ConfigError", "HParams", "STRATEGIES",
+           "UnknownStrategy", "build_scenario", "build_strategy", "list_scenarios",
+           "list_strategies", "make_strategy", "scenario_names", "strategy_class",
+           *sorted(cls.__name__ for cls in _CLASSES)]
 
 
-class UnknownStrategy(ValueError):
-    pass
+class UnknownStrategy(ConfigError):
+    """A strategy name that is not registered; the message lists the valid ones."""
 
 
 def strategy_class(name: str) -> type[ClusteredStrategy]:
     try:
         return STRATEGIES[name]
     except KeyError:
-        raise UnknownStrategy(
-            f"unknown strategy {name!r}; valid strategies: {', '.join(sorted(STRATEGIES))}"
-        ) from None
+        raise UnknownStrategy(f"unknown strategy {name!r}{suggest(str(name), sorted(STRATEGIES))}; "
+                              f"valid strategies: {', '.join(sorted(STRATEGIES))}") from None
 
 
 def build_strategy(experiment: Experiment) -> ClusteredStrategy:
+    """The strategy the experiment's run config names."""
     return strategy_class(experiment.cfg.strategy)(experiment)
 
 
 def list_strategies() -> list[tuple[str, str]]:
+    """``(name, one-line description)`` of every registered strategy, sorted by name."""
     return sorted((name, cls.description) for name, cls in STRATEGIES.items())
+
+
+def make_strategy(name: str, *, run_config: Mapping[str, ConfigValue] | None = None,
+                  **kwargs: Any) -> ClusteredStrategy:
+    """The strategy ``name``, configured and validated (module docstring).
+
+    >>> make_strategy("ifca", num_clusters=3, scenario="mixture-swap").params
+    NoParams()
+    """
+    cls = strategy_class(name)
+    base = default_run_config()
+    config = dict(run_config or {})
+    config["strategy"] = name
+    table = cls.Params.table
+    own = {f.replace("-", "_") for f in cls.Params.keys()}
+    for key, value in kwargs.items():
+        dashed = key.replace("_", "-")
+        if key in own or dashed in cls.Params.keys():
+            config[f"{table}.{dashed}"] = value
+        elif dashed in base:
+            config[dashed] = value
+        else:
+            valid = sorted(own) + sorted(k.replace("-", "_") for k in base if "." not in k)
+            raise ConfigError(f"{name}: unknown keyword {key!r}{suggest(key, valid)}; valid: its "
+                              f"hyper-parameters ({', '.join(sorted(own)) or 'none'}) or a "
+                              f"run-config key ({', '.join(valid[len(own):])})")
+    merged = merge_overrides(base, config)
+    return build_strategy(load_experiment(merged, server=True))

@@ -270,15 +270,6 @@ class LocalDeployment:
         return cls(**json.loads(path.read_text()))
 
 
-def write_connection(flwr_home: Path, conn: dict[str, object], name: str = "fedcluster") -> None:
-    """Make ``name`` the default connection in ``$FLWR_HOME/config.toml``."""
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    lines = ["[superlink]", f'default = "{name}"', "", f"[superlink.{name}]"]
-    for key, value in conn.items():
-        lines.append(f"{key} = {json.dumps(value)}")
-    (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
-
-
 def run_flwr(args: list[str], env: dict[str, str], check: bool = True) -> str:
     proc = subprocess.run([_bin("flwr"), *args], env=env, capture_output=True, text=True,
                           check=False, timeout=120)

@@ -263,10 +263,17 @@ def deployment_connection(federation: str) -> dict[str, object]:
     return connection
 
 
+def write_connection(flwr_home: Path, conn: dict[str, object], name: str = "fedcluster") -> None:
+    """Make ``name`` the default connection in ``$FLWR_HOME/config.toml``."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    lines = ["[superlink]", f'default = "{name}"', "", f"[superlink.{name}]"]
+    for key, value in conn.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
+
+
 def connection_env(home: Path, connection: dict[str, object]) -> dict[str, str]:
     """Environment for `flwr` commands with ``connection`` as the connection `fedcluster`."""
-    from fedcluster_app.deploy import write_connection
-
     env = flwr_env(home)
     write_connection(Path(env["FLWR_HOME"]), connection)
     return env

@@ -64,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedcluster_app.core.data import schedules as sch
+import fedcluster_app.core.data.schedules as sch
 from fedcluster_app.core.data.drift import (
     FEDCCFA_SWAP_PAIRS,
     ClassConcept,

@@ -1,0 +1,170 @@
+"""The shape of the package: its import graph, its hyper-parameter tables, its references.
+
+* No import cycle anywhere in the package.
+* The core imports no family (and no app module): families build on it, never the reverse.
+* A family imports only the core and the foundation family.
+* No server-side module imports a client-side one, directly or through others.
+* Every strategy's typed hyper-parameters and its ``[tool.flwr.app.config.<table>]`` table in
+  pyproject.toml hold the same keys with the same defaults; no table is left without a class.
+* Nothing in the package, the docs or the benchmarks cites a file outside the repository.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "fedcluster_app"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """The package modules ``path`` imports (anywhere in it, function bodies included)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+                   for n in ast.walk(node)}       # annotations only: never imported at run time
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]   # import a.b.c: a.b.c (and its packages)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:      # a name inside a module: the module itself
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {m: imports_of(p, set(mods)) for m, p in mods.items()}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_the_graph_sees_the_package(graph):
+    assert len(graph) > 50
+    assert "fedcluster_app.core.strategy" in graph["fedcluster_app.families.foundation.fedavg"]
+
+
+def test_no_import_cycle(graph):
+    # a package importing its own submodules (families/__init__.py) is not a cycle unless a
+    # submodule imports the package back
+    cycles = sorted(m for m in graph if m in reachable(graph, m))
+    assert cycles == [], f"modules on an import cycle: {cycles}"
+
+
+def test_the_core_imports_no_family_and_no_app_module(graph):
+    bad = {m: sorted(d for d in deps if not d.startswith("fedcluster_app.core"))
+           for m, deps in graph.items() if m.startswith("fedcluster_app.core")}
+    bad = {m: d for m, d in bad.items() if d and d != ["fedcluster_app"]}
+    assert bad == {}, f"core modules importing outside the core: {bad}"
+
+
+def test_a_family_imports_only_the_core_and_the_foundation(graph):
+    fam = "fedcluster_app.families."
+    bad = {}
+    for m, deps in graph.items():
+        if not m.startswith(fam) or m.startswith(fam + "foundation"):
+            continue
+        own = ".".join(m.split(".")[:3])
+        wrong = [d for d in deps if d.startswith(fam) and not d.startswith(own)
+                 and not d.startswith(fam + "foundation")]
+        if wrong:
+            bad[m] = wrong
+    assert bad == {}, f"families importing another family: {bad}"
+
+
+def test_no_server_side_module_reaches_a_client_side_one(graph):
+    # the in-process engine and the command line host both sides in one process: neither side
+    hosts = {"fedcluster_app.engine", "fedcluster_app.cli"}
+    client_side = {m for m in graph if m.endswith(".client") or m.endswith("client_app")
+                   or m in ("fedcluster_app.core.handlers", "fedcluster_app.core.stream_client")}
+    server_side = {m for m in graph if m in ("fedcluster_app.server_app", "fedcluster_app.api")
+                   or "fedcluster_app.core.strategy" in reachable(graph, m)
+                   or m == "fedcluster_app.core.strategy"} - hosts
+    assert "fedcluster_app.families.feddrift.client" in client_side
+    assert "fedcluster_app.families.fedccfa.fedccfa" in server_side
+    bad = {m: sorted(reachable(graph, m) & client_side) for m in sorted(server_side)}
+    bad = {m: c for m, c in bad.items() if c}
+    assert bad == {}, f"server-side modules that import client-side ones: {bad}"
+
+
+def test_hyper_parameter_classes_match_the_pyproject_tables():
+    from fedcluster_app.api import STRATEGIES
+    from fedcluster_app.core.hparams import NoParams
+
+    with (ROOT / "pyproject.toml").open("rb") as fh:
+        config = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    tables = {name: table for name, table in config.items() if isinstance(table, dict)}
+    classes = {cls.Params for cls in STRATEGIES.values() if cls.Params is not NoParams}
+    declared = {}
+    for params in classes:
+        assert params.table in tables, f"{params.__name__}: no table [{params.table}] in pyproject"
+        assert declared.setdefault(params.table, params) is params, \
+            f"two classes read the table {params.table}: {declared[params.table]}, {params}"
+        defaults = {key: default for key, default, _, _ in params.describe()}
+        assert tables[params.table] == defaults, f"[{params.table}] != {params.__name__}"
+    assert sorted(set(tables) - set(declared)) == []     # no table without its class
+
+
+def test_every_hyper_parameter_has_a_description():
+    from fedcluster_app.api import STRATEGIES
+
+    for cls in STRATEGIES.values():
+        for key, _, allowed, doc in cls.Params.describe():
+            assert doc.strip() and allowed, (cls.name, key)
+
+
+# the project stands alone: no citation of the specifications or other files outside it
+OUTSIDE = re.compile(r"\.\./shared|shared/(specs|seeds)|\bspecs?/|FLOWER\.md|ARCHITECTURE\.md|"
+                     r"STYLE\.md|\bspec(ification)?s? (section|§|\d)|\bthe spec\b|"
+                     r"(?<![\w/])(fedrc|fielding|feddrift|fedccfa|flexcfl)\.md\b|"
+                     r"\[(ref-code|ext)\]|-- issue \d", re.IGNORECASE)
+
+
+def test_nothing_cites_a_file_outside_the_repository():
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md",
+             *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "presets").glob("*.toml"),
+             ROOT / "pyproject.toml", *(ROOT / "examples").rglob("*.py")]
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+            for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
+            if OUTSIDE.search(line)]
+    assert hits == [], "\n".join(hits)
