@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 from flwr.app import RecordDict
 
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import default_run_config, merge_overrides
-from fedcluster_app.engine import run_inprocess
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.models import initial_weights
 from fedcluster_app.core.strategy import read_checkpoint, weighted_average
-from fedcluster_app.core import wire as P
+from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.engine import run_inprocess
 
 
 def config(rounds: int, out: str) -> dict:
@@ -40,8 +40,9 @@ def bare_loop(run_config: dict) -> tuple[float, list[np.ndarray]]:
     clients = [StreamClient(c, exp, RecordDict()) for c in range(exp.scenario.num_clients)]
     weights = initial_weights(exp.spec, seed=exp.cfg.seed * 1000)   # the strategy's first model
     t0 = time.perf_counter()
-    for rnd in range(1, exp.num_rounds + 1):
-        cfg = {P.ROUND: rnd, P.STEP: exp.time_step(rnd), "model-id": 0}
+    rounds_per_step = exp.cfg.rounds_per_step
+    for rnd in range(1, exp.scenario.num_steps * rounds_per_step + 1):
+        cfg = {P.ROUND: rnd, P.STEP: (rnd - 1) // rounds_per_step + 1, "model-id": 0}
         updates = []
         for client in clients:
             new, n, _ = client.fit(weights, cfg)

@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedcluster_app import families
-from fedcluster_app.core.config import ConfigError, ConfigValue, default_run_config, merge_overrides
+from fedcluster_app.core.config import (ConfigError, ConfigValue, default_run_config,
+                                        merge_overrides)
 from fedcluster_app.core.data import build_scenario, list_scenarios, scenario_names
 from fedcluster_app.core.experiment import Experiment, load_experiment
 from fedcluster_app.core.hparams import HParams, suggest
@@ -41,7 +42,8 @@ STRATEGIES: dict[str, type[ClusteredStrategy]] = {cls.name: cls for cls in _CLAS
 globals().update({cls.__name__: cls for cls in _CLASSES})   # FedAvg, IFCA, FedDrift, ...
 
 __all__ = ["ClusteredResult", "ClusteredStrategy", "ConfigError", "HParams", "STRATEGIES",
-           "UnknownStrategy", "build_scenario", "build_strategy", "list_scenarios",
+           "UnknownStrategy", "build_scenario", "build_strategy", "default_run_config",
+           "list_scenarios",
            "list_strategies", "make_strategy", "scenario_names", "strategy_class",
            *sorted(cls.__name__ for cls in _CLASSES)]
 

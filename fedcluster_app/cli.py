@@ -40,9 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", type=Path, metavar="DIR",
                      help="continue the run whose checkpoint is in DIR")
 
-    lst = sub.add_parser("list", help="strategies, scenarios, federations and run-config keys")
+    lst = sub.add_parser("list", help="strategies, scenarios, federations, run-config keys and "
+                         "the strategies' hyper-parameters (params)")
     lst.add_argument("what", nargs="?", default="all",
-                     choices=("all", "strategies", "scenarios", "federations", "config"))
+                     choices=("all", "strategies", "scenarios", "federations", "config", "params"))
 
     dep = sub.add_parser("deploy", help="start/stop a SuperLink + SuperNodes on 127.0.0.1")
     dep.add_argument("action", choices=("up", "down", "status"))
@@ -100,7 +101,7 @@ def _overrides(args: argparse.Namespace) -> dict:
 def cmd_run(args: argparse.Namespace) -> int:
     from fedcluster_app.api import strategy_class
     from fedcluster_app.core.experiment import load_experiment
-    from fedcluster_app.server_app import resolve_out_dir
+    from fedcluster_app.core.strategy import resolve_out_dir
 
     run_config = merge_overrides(default_run_config(), _overrides(args))
     # bad config fails here, before anything starts (a deployment's data live on its devices)
@@ -131,8 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from fedcluster_app.api import list_strategies
-    from fedcluster_app.core.data import list_scenarios
+    from fedcluster_app.api import STRATEGIES, list_scenarios, list_strategies
     from fedcluster_app.launcher import load_profiles
 
     sections = []
@@ -146,7 +146,19 @@ def cmd_list(args: argparse.Namespace) -> int:
         sections.append(("federations (fedcluster run --federation)", rows))
     if args.what in ("all", "config"):
         sections.append(("run-config keys and defaults",
-                         [(k, repr(v)) for k, v in default_run_config().items()]))
+                         [(k, repr(v)) for k, v in default_run_config().items() if "." not in k]))
+    if args.what in ("all", "params"):
+        tables: dict[str, list[str]] = {}
+        for name, cls in sorted(STRATEGIES.items()):
+            tables.setdefault(cls.Params.table, []).append(name)
+        for table, names in sorted(tables.items()):
+            if not table:
+                continue
+            params = STRATEGIES[names[0]].Params
+            rows = [(f"{table}.{key}", f"{default!r} ({allowed}): {doc}")
+                    for key, default, allowed, doc in params.describe()]
+            sections.append((f"hyper-parameters of {', '.join(names)} (--set {table}.<key>=...)",
+                             rows))
     for title, rows in sections:
         print(f"{title}:")
         width = max(len(name) for name, _ in rows)

@@ -137,6 +137,7 @@ class ClusteredStrategy(Strategy):
         self._extra_config = {P.TRAIN: {}, P.EVALUATE: {}}   # start(train_config=, ...)
         self._evaluate_fn = None
         self._last_round = 0                         # 0 = the protocol's number of rounds
+        self._records: list[dict[str, Any]] = []     # the rounds of the last run()
         self.protocol = self.protocol_factory()
         self.protocol.bind(self)
 
@@ -512,15 +513,34 @@ class ClusteredStrategy(Strategy):
         return self.result(summary)
 
     def result(self, summary: dict[str, Any]) -> ClusteredResult:
+        """Flower's ``Result`` of the run: per round, the clients' training counts and test
+        metrics and the server-side evaluation (as metrics.jsonl has them)."""
         models = {mid: P.pack_arrays(w) for mid, w in sorted(self.models.items())}
         sizes = {mid: len(self.members(mid)) for mid in models}
         largest = max(sizes, key=lambda m: (sizes[m], -m)) if sizes else None
-        return ClusteredResult(
+        out = ClusteredResult(
             arrays=models[largest] if largest is not None else ArrayRecord(),
             models=models,
             assignments={cid: rec.cluster for cid, rec in sorted(self.clients.items())},
             summary=summary,
         )
+
+        def numbers(record: dict[str, Any], keys: Iterable[str]) -> MetricRecord:
+            return MetricRecord({k: record[k] for k in keys if isinstance(record.get(k), (int, float))
+                                 and not isinstance(record.get(k), bool)})
+
+        for r in self._records:
+            rnd = r["round"]
+            out.train_metrics_clientapp[rnd] = numbers(
+                r, ("trained_clients", "bytes_up", "bytes_down", "failures"))
+            if r.get("accuracy") is not None:
+                out.evaluate_metrics_clientapp[rnd] = numbers(
+                    r, ("accuracy", "weighted_accuracy", "global_accuracy", "ari", "acc_omit"))
+            if r.get("server_evaluation"):
+                out.evaluate_metrics_serverapp[rnd] = MetricRecord(
+                    {f"model{mid}.{k}": v for mid, m in r["server_evaluation"].items()
+                     for k, v in m.items()})
+        return out
 
     # ------------------------------------------------------------------ the round loop
     def run(self, grid: Grid, out_dir: str | Path | None = None) -> dict[str, Any]:
@@ -548,6 +568,7 @@ class ClusteredStrategy(Strategy):
                  **({"resumed_after_round": resumed_after} if resumed_after else {}),
                  **self.protocol.summary_extra(), **self.summary_extra()}
         summary = recorder.finish(plot=self.cfg.plot, extra=extra)
+        self._records = recorder.rounds
         log(INFO, "fedcluster: done: mean accuracy %.4f, final %.4f; summary in %s",
             summary["mean_accuracy"] or 0.0, summary["final_accuracy"] or 0.0,
             out / "summary.json")
