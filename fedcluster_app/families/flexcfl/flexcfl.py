@@ -85,6 +85,11 @@ class FedGroupParams(SelectionParams):
                       "group (seeded)")
     eval_model: str = eval_model_param()
 
+    def check(self) -> None:
+        if self.rcc and self.measure != "edc":
+            raise ConfigError(f"{self.table}.measure = {self.measure!r} has no use with "
+                              f"{self.table}.rcc = true (RCC forms no clusters); set one of them")
+
 
 @dataclass(frozen=True)
 class FlexCFLParams(ShiftParams, FedGroupParams):
@@ -107,9 +112,6 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
         n = self.exp.scenario.num_clients
         self.m = num_groups(self)
         self.rcc, self.rac, self.measure = p.rcc, p.rac, p.measure
-        if self.rcc and self.measure != "edc":
-            raise ConfigError(f"{p.table}.measure = {p.measure!r} has no use with "
-                              f"{p.table}.rcc = true (RCC forms no clusters); set one of them")
         alpha = p.pretrain_scale
         if self.rcc:
             self.n_pre = self.m                # RCC: m random pre-trained clients
