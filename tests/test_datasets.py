@@ -38,7 +38,8 @@ from fedcluster_app.core.data.generators import (
 SHARED_CP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "feddrift-changepoints"
 OFFLINE = [n for n in SCENARIO_NAMES if n.split("-")[0] not in ("mnist", "fmnist", "cifar10")]
 
-# FedDrift spec 3.1: first step on concept B per client under schedule Y
+# first step on concept B per client under schedule Y (docs/feddrift.md, "Data and drift
+# schedules")
 Y_FIRST_B = [7, 4, 5, 5, 9, 5, 7, 4, 6, 9]
 
 

@@ -1,5 +1,6 @@
-"""FedRC's client populations (issue 6, data only): spec fedrc.md 4.1, 4.3, 8.1-8.3 and the
-single-shift ablations of 4.5. Everything here is numpy-only and fast."""
+"""FedRC's client populations (data only): the small experiment of docs/fedrc.md ("The small
+experiment and its acceptance checks") and the single-shift ablations of the paper's Table 8.
+Everything here is numpy-only and fast."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def test_large_drift_triggers_and_empty_cluster_is_reported():
 
 
 def test_diameter_trigger_catches_the_symmetric_split_the_center_shift_misses():
-    # fielding.md 2.5 / 8.2: 3 groups re-form as 5 pairs; centers barely move
+    # docs/fielding.md, D14: 3 groups re-form as 5 pairs; centers barely move
     rng = np.random.default_rng(4)
     groups3 = ((0, 1, 2, 3), (4, 5, 6), (7, 8, 9))
     x, truth = _groups(rng, n_per=10, groups=groups3)

@@ -1,5 +1,6 @@
-"""FlexCFL family (issue 5): the Synthetic(a,b) data and shifts, the strategies, spec 8.3's
-acceptance checks and the bad inputs. Tiny configs: 20 clients, a few rounds."""
+"""FlexCFL family: the Synthetic(a,b) data and shifts, the strategies, the implementation checks
+listed in docs/flexcfl.md ("Tests") and the bad inputs. Tiny configs: 20 clients, a few
+rounds."""
 
 from __future__ import annotations
 
@@ -407,7 +408,7 @@ def test_resume_continues_exactly(tmp_path, strategy):
     assert strip(rounds_of(resumed)) == strip(full)
 
 
-# ----------------------------------------------------------------------------- issue 5, part 2:
+# ------------------------------------------------------------------------- the ablation options:
 # MADC, RCC, RAC, the -MIG baselines and the last_received evaluation
 def test_madc_on_a_hand_made_similarity_matrix():
     s = np.array([[1.0, 0.5, 0.2, 0.0],

@@ -9,19 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from fedcluster_app.engine import InProcessGrid, run_inprocess
+from test_checkpoint import CrashingGrid
+
+from fedcluster_app.engine import run_inprocess
 
 VOLATILE = {"round_time_s", "fielding_cluster_s", "fielding_handling_s"}
 
 
-class CrashingGrid(InProcessGrid):
+class CrashAt5(CrashingGrid):
     """The server 'dies' when it sends the first message of round 5 (a step's first round)."""
 
-    def send_and_receive(self, messages, *, timeout=None):
-        messages = list(messages)
-        if any(m.metadata.group_id == "5" for m in messages):
-            raise RuntimeError("server crashed")
-        return super().send_and_receive(messages, timeout=timeout)
+    crash_round = 5
 
 
 def rounds(out: Path) -> list[dict]:
@@ -44,7 +42,7 @@ def test_a_checkpoint_in_the_middle_of_a_step_resumes_exactly(fast_config, tmp_p
     cfg = fast_config(strategy=strategy, out_dir=str(tmp_path / "crash"), checkpoint_every=3,
                       **extra)
     with pytest.raises(RuntimeError, match="server crashed"):
-        run_inprocess(cfg, grid_cls=CrashingGrid)
+        run_inprocess(cfg, grid_cls=CrashAt5)
     meta_round = json.loads((tmp_path / "crash" / "summary.json").read_text())["status"]
     assert meta_round == "failed"
     resumed = run_inprocess(cfg | {"resume-from": str(tmp_path / "crash")})

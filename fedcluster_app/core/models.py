@@ -82,7 +82,7 @@ def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
             model: nn.Module = MLP(int(np.prod(spec.input_shape)), spec.hidden, spec.num_classes)
         else:
             model = CNN(spec.input_shape, spec.num_classes)
-        if spec.init == "normal":   # FedRC's calibrated recipe (spec fedrc.md 8.1)
+        if spec.init == "normal":   # FedRC's calibrated recipe (docs/fedrc.md, D11)
             for layer in model.modules():
                 if isinstance(layer, (nn.Linear, nn.Conv2d)):
                     fan_in = layer.weight[0].numel()

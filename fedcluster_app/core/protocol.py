@@ -26,16 +26,13 @@ history per (step, client), test on the next step) and FlexCFL's paper protocol
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.messages import Reply, Task
-
-if TYPE_CHECKING:
-    from fedcluster_app.core.strategy import ClusteredStrategy
 
 
 class Protocol:
@@ -44,14 +41,15 @@ class Protocol:
     name = "rounds"
 
     def __init__(self) -> None:
-        self.strategy: ClusteredStrategy | None = None
+        # the ClusteredStrategy it serves (not imported here: the strategy imports protocols)
+        self.strategy: Any = None
 
-    def bind(self, strategy: ClusteredStrategy) -> None:
+    def bind(self, strategy: Any) -> None:
         """Called once by the strategy that runs under this protocol."""
         self.strategy = strategy
 
     @property
-    def s(self) -> ClusteredStrategy:
+    def s(self) -> Any:
         assert self.strategy is not None, "protocol not bound to a strategy"
         return self.strategy
 

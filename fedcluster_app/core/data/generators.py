@@ -3,12 +3,12 @@
 Everything here is deterministic given the ``numpy.random.Generator`` it is handed; the scenarios
 (see ``scenarios.py``) hand each (client, step) its own generator.
 
-* Tabular concepts, exactly as in the FedDrift spec (section 3.2): SINE (``x ~ U[0,1]^2``,
-  ``y = 1 if x2 <= sin(x1)``; concept B flips the labels), CIRCLE (``x ~ U[0,1]^2``, ``y = 0``
-  inside the circle, 1 outside), SEA (``x ~ U[0,10]^3``, ``y = 1 if x1 + x2 <= threshold``,
-  ``x3`` pure noise, every label flipped with probability 0.1). Features are raw (no
-  normalisation); labels are computed from the returned ``float32`` features, so the rule holds
-  exactly on what the caller sees.
+* Tabular concepts, exactly as in docs/feddrift.md, "Data and drift schedules" (SEA: D11):
+  SINE (``x ~ U[0,1]^2``, ``y = 1 if x2 <= sin(x1)``; concept B flips the labels), CIRCLE
+  (``x ~ U[0,1]^2``, ``y = 0`` inside the circle, 1 outside), SEA (``x ~ U[0,10]^3``,
+  ``y = 1 if x1 + x2 <= threshold``, ``x3`` pure noise, every label flipped with probability
+  0.1). Features are raw (no normalisation); labels are computed from the returned ``float32``
+  features, so the rule holds exactly on what the caller sees.
 * :func:`mixture_means`: class means of a Gaussian mixture ``x = mean_y + N(0, I)``, scaled so that
   the nearest-mean (Bayes) classifier is right ~96% of the time, i.e. an MLP learns the static
   problem to ~95%.

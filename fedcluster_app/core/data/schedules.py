@@ -8,7 +8,7 @@ whitespace-separated concept ids).
 Sources of schedules:
 
 * :func:`load_cp` reads any ``.cp`` file;
-* :func:`bundled_schedule` returns one of the ten matrices shipped with FedDrift's reference code
+* :func:`bundled_schedule` returns one of the ten matrices shipped with the FedDrift authors' code
   (``A`` ... ``F``, ``W`` ... ``Z``; ``Y`` is the paper's 2-concept schedule, ``F`` the 4-concept
   one), bundled in ``feddrift_changepoints.json`` so that nothing outside the package is needed;
 * :func:`sudden`, :func:`incremental`, :func:`recurring` and :func:`staggered_random` build

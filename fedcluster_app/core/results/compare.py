@@ -122,7 +122,8 @@ def time_to_target_table(runs: list[tuple[Path, dict, list[dict]]], names: list[
         return []
     what = baseline or "/".join(GLOBAL_BASELINES)
     lines = ["", f"## Time to target accuracy (target: the {what} run's final accuracy on the "
-             "same scenario and seed, unless --target; simulated time as docs/fielding.md defines it)", ""]
+             "same scenario and seed, unless --target; simulated time as docs/fielding.md, D11 "
+             "defines it)", ""]
     return lines + _table(["run", "strategy", "target", "rounds to target", "simulated s",
                            f"speed-up vs {what} (rounds)", "speed-up (simulated time)"], rows,
                           ["l", "l", "r", "r", "r", "r", "r"])

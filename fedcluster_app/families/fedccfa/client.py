@@ -1,16 +1,18 @@
-"""Client side of FedCCFA and its decoupled/adaptive baselines (spec ``fedccfa.md`` 2.3, 6, 9).
+"""Client side of FedCCFA and its decoupled/adaptive baselines (docs/fedccfa.md, "One round of
+``fedccfa``" and "Baselines").
 
 Message kinds:
 
 * ``train.fedccfa``: the server sends the global model (extractor theta(t) + the fixed initial
   classifier phi(0)) and, in the config, the results of the client's previous participation
   (the cluster-mean classifier rows and anchors of the classes where it sat in a cluster of >= 2
-  clients). The client applies them to its personal state, then runs the five steps of 2.3 in
-  the spec's order (``ccfa-algo = fedccfa``) or a baseline's local training (``fedrep``,
-  ``fedbabu``, ``flash``). It returns the model (trained extractor + phi(0) unchanged) under the
-  id it was sent, and, for FedCCFA, one extra record ``model.-2`` = [balanced W, balanced b,
-  personal W, personal b, local anchors (C x d), anchor mask (C,)], which the strategy takes out
-  of the reply and validates on its own (a bad record rejects only that client's rows).
+  clients). The client applies them to its personal state, then runs the five client steps in
+  the order of docs/fedccfa.md, "One round of ``fedccfa``" (``ccfa-algo = fedccfa``) or a
+  baseline's local training (``fedrep``, ``fedbabu``, ``flash``). It returns the model (trained
+  extractor + phi(0) unchanged) under the id it was sent, and, for FedCCFA, one extra record
+  ``model.-2`` = [balanced W, balanced b, personal W, personal b, local anchors (C x d), anchor
+  mask (C,)], which the strategy takes out of the reply and validates on its own (a bad record
+  rejects only that client's rows).
 * ``query.fedccfa_eval``: the same pending results are applied; the client is tested with the
   global extractor + its personal classifier (FedCCFA, FedRep), after fine-tuning (FedBABU), or
   with the model sent (Flash). Replies ``accuracy`` (its own test split of the current step: the

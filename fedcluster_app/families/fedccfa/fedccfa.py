@@ -1,7 +1,7 @@
 """FedCCFA and the personalised baselines it is compared with: FedRep, FedBABU, Flash.
 
 FedCCFA: "Classifier Clustering and Feature Alignment for Federated Learning under Distributed
-Concept Drift", Chen, Xue, Li, Huang, Pan, Wu, NeurIPS 2024, https://arxiv.org/abs/2410.18478.
+Concept Drift", Chen, Xue, Wang, Liu, Huang, NeurIPS 2024, https://arxiv.org/abs/2410.18478.
 FedRep: "Exploiting Shared Representations for Personalized Federated Learning", Collins et
 al., ICML 2021, https://arxiv.org/abs/2102.07078. FedBABU: "FedBABU: Toward Enhanced
 Representation for Federated Image Classification", Oh, Kim, Yun, ICLR 2022,
@@ -26,7 +26,7 @@ Everything runs over two message kinds of ``client.py``: ``train.fedccfa`` (the 
 steps, or a baseline's local training, chosen by ``ccfa-algo``) and ``query.fedccfa_eval``
 (personalised ``accuracy`` on the client's own test split and generalised ``gen-accuracy`` on
 the whole relabelled test pool). FedProx is the foundation's ``fedprox``, Adaptive-FedAvg with
-the paper's per-round constants its ``adaptive-fedavg-rounds``.
+the FedCCFA paper's per-round constants (docs/fedccfa.md, D20) its ``adaptive-fedavg-rounds``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""FedCCFA's named drift patterns on the digits (fedccfa.md 1.2), registered as scenarios.
+"""FedCCFA's named drift patterns on the digits (docs/fedccfa.md, "Drift patterns"), registered
+as scenarios.
 
 ``digits-swap`` (sudden: every group swaps at the drift step) and ``digits-static`` (no drift)
 come with the built-in image families; this module adds ``digits-swap-incremental`` (G1 swaps
@@ -31,15 +32,15 @@ def _variant(pattern: str):
 
 # --------------------------------------------------------------------------- the paper's partition
 
-MIN_TRAIN_PER_CLASS = 5   # fedccfa.md 4.2: every client holds >= 5 training samples of every class
+MIN_TRAIN_PER_CLASS = 5   # docs/fedccfa.md D4: every client holds >= 5 training samples per class
 MIN_TEST_PER_CLASS = 2    # ... and >= 2 test samples of every class in its personalised split
 
 
 class MinPerClassRealisation(ClassRealisation):
     """A :class:`ClassRealisation` whose every (client, step) sample holds at least ``k`` items
     of every class (5 for training, 2 for testing), the rest drawn from the client's Dirichlet
-    prior: the spec's partition (4.2) on a stream. With fewer than ``k x C`` samples it falls
-    back to the plain prior draw."""
+    prior: the paper's partition (docs/fedccfa.md, D4) on a stream. With fewer than ``k x C``
+    samples it falls back to the plain prior draw."""
 
     def __init__(self, base: ClassRealisation, k_train: int = MIN_TRAIN_PER_CLASS,
                  k_test: int = MIN_TEST_PER_CLASS) -> None:
@@ -59,7 +60,8 @@ class MinPerClassRealisation(ClassRealisation):
 
 
 def build_digits_ccfa(**kwargs) -> Scenario:
-    """``digits-swap`` (any drift-pattern, default sudden) with the spec's 5-per-class minimum."""
+    """``digits-swap`` (any drift-pattern, default sudden) with the paper's 5-per-class minimum
+    (docs/fedccfa.md, D4)."""
     pattern = str(kwargs.get("drift_pattern", "") or "sudden")
     base = build_scenario("digits-swap", **{**kwargs, "drift_pattern": pattern})
     params = dict(base.params, name="digits-ccfa", drift_pattern=kwargs.get("drift_pattern", ""))

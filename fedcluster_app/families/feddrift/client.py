@@ -1,14 +1,15 @@
-"""Client side of the FedDrift family (feddrift.md section 9.1) and its baselines.
+"""Client side of the FedDrift family and its baselines (docs/feddrift.md, "Client side").
 
 Message kinds registered here:
 
 * ``train.feddrift`` -- train every model sent (or ``train-ids``) on the time steps the server
-  attached to it (``data-steps.<id>``), K minibatch steps each (section 2.1, LOCAL_UPDATE).
-  Optional per model: ``fd.step-weights.<id>`` (one weight per attached step: each minibatch first
-  draws a step with these probabilities, Weighted-Linear/-Exp) and ``select = "min-loss"``
-  (per-round IFCA: train only the lowest-loss model). Replies carry n(c, m) per model.
+  attached to it (``data-steps.<id>``), K minibatch steps each (TRAIN in docs/feddrift.md;
+  minibatches: D9). Optional per model: ``fd.step-weights.<id>`` (one weight per attached step:
+  each minibatch first draws a step with these probabilities, Weighted-Linear/-Exp) and
+  ``select = "min-loss"`` (per-round IFCA: train only the lowest-loss model). Replies carry
+  n(c, m) per model.
 * ``query.fd_probe`` -- 0-1 error, cross-entropy and sample count of every model sent on the
-  training batch of ``data-steps`` (the probe at the start of a step, section 2.2).
+  training batch of ``data-steps`` (the probe at the start of a step, docs/feddrift.md D2).
 * ``query.fd_distance`` -- FedDrift's cluster-distance phase: for every cluster j in
   ``fd.clusters``, draw ``fd.quota.<j>`` points from this client's data of the steps
   ``fd.steps.<j>`` and count the errors of every model sent on them.

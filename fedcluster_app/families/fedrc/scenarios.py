@@ -1,18 +1,20 @@
-"""FedRC's client populations: feature, label and concept shift at once (spec ``fedrc.md``
-sections 1.1, 4.1, 4.3 and 8.1-8.3), plus the single-shift ablations of section 4.5.
+"""FedRC's client populations: feature, label and concept shift at once (docs/fedrc.md, "The
+small experiment and its acceptance checks"), plus the single-shift ablations of the paper's
+Table 8.
 
 Scenarios
 ---------
 
-* ``shifts-3`` (section 8.1, calibrated): C = 10 classes in d = 20 dimensions, class means random
-  unit directions scaled to norm 3 (drawn from the data seed), ``x = mu_y + N(0, I)``.
-* ``shifts-3-mild``: the same with mild label skew, Dirichlet 0.5 per class (section 8.2's
-  control).
-* ``digits-shifts-3`` (section 8.3): scikit-learn's 8x8 digits. About 80% of the images form the
-  training pool and the other 20% the held-out pool (split stratified by class, from the data
-  seed). Corrupted clients get one style each.
+* ``shifts-3`` (the small experiment's data, calibrated): C = 10 classes in d = 20 dimensions,
+  class means random unit directions scaled to norm 3 (drawn from the data seed),
+  ``x = mu_y + N(0, I)``.
+* ``shifts-3-mild``: the same with mild label skew, Dirichlet 0.5 per class (the small
+  experiment's control).
+* ``digits-shifts-3`` (the small experiment's digits): scikit-learn's 8x8 digits. About 80% of
+  the images form the training pool and the other 20% the held-out pool (split stratified by
+  class, from the data seed). Corrupted clients get one style each.
 * ``shifts-feature-only``, ``shifts-label-only``, ``shifts-concept-only``: the Gaussian data of
-  ``shifts-3`` with exactly one of the three shifts switched on (section 4.5, Table 8).
+  ``shifts-3`` with exactly one of the three shifts switched on (the paper's Table 8).
 
 Population (all scenarios)
 --------------------------
@@ -21,14 +23,14 @@ Population (all scenarios)
   Three held-out test clients get ids ``M, M+1, M+2``, so the scenario has ``M + 3`` clients.
   The held-out clients are declared with ``Scenario(holdout_clients=(M, M+1, M+2))``: they never
   train, and strategies use them to measure global accuracy.
-* Roles (section 8.1's table): concept 0 (labels unchanged) goes to 40% of the clients, half of
+* Roles (docs/fedrc.md, D14): concept 0 (labels unchanged) goes to 40% of the clients, half of
   them feature-shifted. Concept 1 (``y -> 9 - y``) goes to 30%, a third of them feature-shifted.
   Concept 2 (``y -> (y + 1) mod 10``) goes to 30%, a third of them feature-shifted. For M = 30
   that is 6 + 6, 6 + 3 and 6 + 3 clients. For other M the concept counts are a largest-remainder
   apportionment of 40/30/30% with at least one client per concept. The corrupted count of a
   concept is its share rounded half up, capped so that every concept keeps at least one clean
   client. The roles are dealt, in block order, to a random permutation of the client ids drawn
-  from the data seed (section 4.1 shuffles the ids).
+  from the data seed (the authors' code shuffles the ids too).
 * Label skew: each participating client has a class prior ``q_c ~ Dirichlet(alpha * 1_C)``
   (``alpha`` = 0.1 by default, or 0.5 for ``-mild``; the ``dirichlet_alpha`` argument overrides
   it, and ``inf`` means a uniform prior). Its labels are drawn i.i.d. from ``q_c`` over the
@@ -36,7 +38,7 @@ Population (all scenarios)
 * Feature shift, Gaussian data: each corrupted client has a severity ``s ~ U{1..5}`` and a fixed
   offset ``o ~ N(0, (0.2 s)^2 I)``. Each of its samples is ``x' = x + o + N(0, (0.2 s)^2 I)``.
 * Feature shift, digits: each corrupted client has one style and a severity ``s ~ U{1..5}``,
-  computed in the pool's [0, 1] units (the spec states 0..16 pixel units):
+  computed in the pool's [0, 1] units:
 
   - ``noise``: add Gaussian noise with sigma = s/16, then clip to [0, 1];
   - ``invert``: ``1 - x``;
@@ -127,7 +129,7 @@ MAX_SEVERITY = 5
 NUM_HOLDOUTS = 3
 HOLDOUT_ADAPT_PER_CLASS = 12   # 40% of 30
 HOLDOUT_EVAL_PER_CLASS = 18    # 60% of 30
-DIGITS_HOLDOUT_FRACTION = 0.2  # spec 8.3: ~80% of the images form the training pool
+DIGITS_HOLDOUT_FRACTION = 0.2  # ~80% of the images form the training pool (docs/fedrc.md)
 DIGITS_COPIES = 3              # the pool is "triplicated" (each image at most 3x per draw)
 DIGIT_STYLES = ("noise", "invert", "translate", "blur", "dropout")
 CONCEPT_SHARES = (0.4, 0.3, 0.3)
@@ -173,8 +175,8 @@ def _largest_remainder(shares: tuple[float, ...], total: int) -> list[int]:
 
 
 def role_table(num_clients: int) -> list[tuple[int, bool]]:
-    """``(concept, corrupted)`` of the role blocks in section 8.1's table order (concept 0
-    clean, concept 0 corrupted, concept 1 clean, ...), with ``num_clients`` entries."""
+    """``(concept, corrupted)`` of the role blocks in the order of docs/fedrc.md's population
+    (concept 0 clean, concept 0 corrupted, concept 1 clean, ...), with ``num_clients`` entries."""
     if num_clients < len(CONCEPT_SHARES):
         raise ValueError(f"need at least {len(CONCEPT_SHARES)} clients, got {num_clients}")
     counts = _largest_remainder(CONCEPT_SHARES, num_clients)
@@ -233,7 +235,7 @@ def _mean_blur3(x: np.ndarray) -> np.ndarray:
 
 def corrupt_digits(x: np.ndarray, style: str, severity: int, rng: np.random.Generator,
                    direction: int = 0) -> np.ndarray:
-    """Apply one feature-shift style (section 8.3) to images in [0, 1]; returns float32."""
+    """One feature-shift style (docs/fedrc.md, Digits) applied to images in [0, 1]; float32."""
     x = np.asarray(x, dtype=np.float32)
     if style == "noise":
         out = x + rng.normal(0.0, severity / 16.0, size=x.shape).astype(np.float32)
@@ -395,14 +397,14 @@ class _Variant:
 
 
 _VARIANTS = {v.name: v for v in (
-    _Variant("shifts-3", "FedRC 8.1: 10-class Gaussians in 20-d, 30 clients + 3 held-out test "
-             "clients; feature shift (40% corrupted), Dirichlet(0.1) label skew, 3 concepts "
-             "(y, 9-y, y+1)", "gauss", 0.1, True, True),
-    _Variant("shifts-3-mild", "FedRC 8.2 control: shifts-3 with mild label skew "
+    _Variant("shifts-3", "FedRC small experiment: 10-class Gaussians in 20-d, 30 clients + 3 "
+             "held-out test clients; feature shift (40% corrupted), Dirichlet(0.1) label skew, "
+             "3 concepts (y, 9-y, y+1)", "gauss", 0.1, True, True),
+    _Variant("shifts-3-mild", "FedRC small experiment's control: shifts-3 with mild label skew "
              "(Dirichlet 0.5 per class)", "gauss", 0.5, True, True),
-    _Variant("digits-shifts-3", "FedRC 8.3: scikit-learn 8x8 digits, 30 clients + 3 held-out; "
-             "5 corruption styles (40% corrupted), Dirichlet(0.1), 3 concepts", "digits", 0.1,
-             True, True),
+    _Variant("digits-shifts-3", "FedRC small experiment on digits: scikit-learn 8x8 digits, "
+             "30 clients + 3 held-out; 5 corruption styles (40% corrupted), Dirichlet(0.1), "
+             "3 concepts", "digits", 0.1, True, True),
     _Variant("shifts-feature-only", "FedRC single-shift ablation: shifts-3's Gaussians with "
              "feature shift only (one concept, uniform labels)", "gauss", math.inf, True, False),
     _Variant("shifts-label-only", "FedRC single-shift ablation: shifts-3's Gaussians with "

@@ -1,15 +1,29 @@
-"""Auxo-style baseline (fielding.md section 6.2, simplified as the spec allows [ext]).
+"""Auxo-style baseline: continuous re-clustering of the clients sampled for training.
 
-Continuous re-clustering of *only the clients sampled for training*, from their training outputs
-(no extra communication): it starts with one cohort; after each round every participant's model
-update dw_i = w_i - c^(k) is compared with every cohort's mean update (cosine similarity) and the
-participant joins the most similar cohort; every ``split-every`` rounds a cohort whose
-participants' updates are spread out (mean cosine distance to their mean update above
-``split-threshold``) is split in two by 2-means on the update directions, the new cohort starting
-from a copy of the cohort's model. Drifted clients that were not sampled keep stale assignments;
-every sampled client may be reassigned every round (the churn the paper describes). Training uses
-the same per-cohort budget as Fielding (floor(M/K) sampled members per cohort) and uniform
-averaging. Hyper-parameters: ``[tool.flwr.app.config.auxo]``.
+"Auxo: Efficient Federated Learning via Scalable Client Clustering", Liu, Lai, Dai, Akella,
+Madhyastha, Chowdhury, ACM SoCC 2023, https://arxiv.org/abs/2210.16656. The Fielding paper
+compares against it; this is the simplified form of docs/fielding.md, D20.
+
+Re-clustering uses only the sampled clients' training outputs (no extra communication). It
+starts with one cohort. After each round, with S_k the participants of cohort k (model w_k) and
+w_i participant i's trained copy:
+
+    dw_i = w_i - w_k                               participant i's update
+    w_k <- (1/|S_k|) sum_{i in S_k} w_i            uniform averaging
+    u_k  = (1/|S_k|) sum_{i in S_k} dw_i           the cohort's mean update
+
+then, every ``split-every`` rounds, a cohort of at least ``min-split`` participants whose
+updates are spread out, mean_{i in S_k} (1 - cos(dw_i, v_k)) > ``split-threshold`` with v_k the
+mean of the unit updates, is split in two by 2-means on the update directions (up to
+``max-cohorts``; the new cohort starts from a copy of the cohort's model, each half gets its own
+u_k); finally every participant re-joins the cohort of most similar mean update,
+
+    k(i) <- argmax_k cos(dw_i, u_k)
+
+and a cohort left without members is deleted. Drifted clients that were not sampled keep stale
+assignments; every sampled client may be reassigned every round (the churn the Fielding paper
+describes). Training uses the same per-cohort budget as Fielding (floor(M/K) sampled members per
+cohort). Hyper-parameters: ``[tool.flwr.app.config.auxo]``.
 """
 
 from __future__ import annotations

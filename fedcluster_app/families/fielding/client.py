@@ -1,4 +1,5 @@
-"""Client side of Fielding (fielding.md sections 2.2, 2.4, 2.9 and 9).
+"""Client side of Fielding (docs/fielding.md, "The algorithm as implemented" and
+"Representations"; the drift test: D1).
 
 Message kind registered here: ``query.fielding_rep``. The client computes the representation of
 its current training window, runs its own drift test against ``r_last`` (the last representation
@@ -16,9 +17,10 @@ model's mean cross-entropy on the window: its last layer, or every layer with
 the query until the client has it, and the client keeps it in ``context.state``; a client that
 lost it answers ``fielding.probe-missing`` and gets it again.
 
-Malicious clients (test hook, section 2.9): the run-config key ``fielding.malicious-fraction``
-picks round(f * N) clients (a permutation seeded by the run seed); they report a randomly
-permuted vector whenever they register, keep their true vector as ``r_last`` and train honestly.
+Malicious clients (test hook, docs/fielding.md D15): the run-config key
+``fielding.malicious-fraction`` picks round(f * N) clients (a permutation seeded by the run seed);
+they report a randomly permuted vector whenever they register, keep their true vector as ``r_last``
+and train honestly.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fielding's clustering logic in pure NumPy (fielding.md sections 2.2-2.5 and 2.8).
+"""Fielding's clustering logic in pure NumPy (docs/fielding.md, "The algorithm as implemented").
 
 No Flower here: the strategies in ``fielding.py`` call these functions, the benchmarks time them
 and the tests check them directly.
@@ -458,10 +458,10 @@ class _L1Entries:
 
 
 def _argmin0(d: np.ndarray, eps: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Along axis 0 of a (K, ...) array: the lowest k whose value is within ``eps`` of the
-    minimum (ties -> lowest k; with eps > 0 the rounding of the dense pass cannot break a tie
-    the spec breaks by the index) and an upper bound on its value (min + eps). A loop over the
-    short axis: numpy's reductions over a short last axis are slow."""
+    """Along axis 0 of a (K, ...) array: the lowest k whose value is within ``eps`` of the minimum
+    (ties -> lowest k; with eps > 0 the rounding of the dense pass cannot break a tie that
+    docs/fielding.md, D4 breaks by the index) and an upper bound on its value (min + eps). A loop
+    over the short axis: numpy's reductions over a short last axis are slow."""
     val = d[0].copy()
     for j in range(1, len(d)):
         np.minimum(val, d[j], out=val)
@@ -494,7 +494,7 @@ def _lloyd_l1_batch(ent: _L1Entries, centers: np.ndarray, max_iter: int, tol: fl
 
     ``keep`` (successive halving): after ``prune_at`` iterations only the ``keep`` restarts of
     lowest cost so far (finished ones included) iterate on; the others are dropped (cost inf).
-    None: every restart runs to the end, as the spec's loop.
+    None: every restart runs to the end, as the k-means of docs/fielding.md, D4.
     Returns labels (R x N), centers (R x K x d) and costs (R,).
     """
     n_r, k, d = centers.shape
@@ -600,10 +600,10 @@ def _lloyd_l1_batch(ent: _L1Entries, centers: np.ndarray, max_iter: int, tol: fl
 def kmeans(pts: Points, k: int, n_init: int, rng: np.random.Generator,
            max_iter: int = 100, tol: float = 0.0, keep: int | None = None,
            prune_at: int = 3, batched: bool | None = None) -> KMeansResult:
-    """KMEANS of fielding.md 2.3: ``n_init`` k-means++ seedings with rho, Lloyd iterations with
-    rho for the assignment and arithmetic-mean centers (an empty cluster keeps its center) until
-    the assignment is unchanged or ``max_iter``; the run of lowest cost is kept, empty clusters
-    are dropped and the rest re-indexed.
+    """k-means with rho (docs/fielding.md, D4): ``n_init`` k-means++ seedings with rho, Lloyd
+    iterations with rho for the assignment and arithmetic-mean centers (an empty cluster keeps its
+    center) until the assignment is unchanged or ``max_iter``; the run of lowest cost is kept,
+    empty clusters are dropped and the rest re-indexed.
 
     Two engines with the same RNG draws (seeding only) and the same iterations; they differ
     only in how distances equal up to rounding are tie-broken, which on data with exact ties
@@ -622,7 +622,7 @@ def kmeans(pts: Points, k: int, n_init: int, rng: np.random.Generator,
     goes; smaller problems keep the per-restart engine and so reproduce the partitions of
     earlier runs bit for bit, and dense vectors keep its cheaper dense distance passes.
     ``tol`` > 0 stops a run once at most that fraction of the clients changed cluster in an
-    iteration (0 = the spec's "until the assignment is unchanged").
+    iteration (0 = D4's "until the assignment is unchanged").
     """
     best: KMeansResult | None = None
     if batched is None:          # sparse vectors only: on dense ones the gathers cost more
@@ -743,9 +743,9 @@ def cluster(x: np.ndarray, metric: str, k_min: int = 2, k_max: int = 10, n_init:
             seed: int | list[int] = 0, min_silhouette: float = -1.0,
             pts: Points | None = None, tol: float = 0.0, keep: int | None = None,
             prune_at: int = 3, batched: bool | None = None) -> ClusterResult:
-    """CLUSTER of fielding.md 2.3: k-means for every K in range, the best silhouette wins
-    (ties -> smaller K). Fewer than 3 clients, or a best silhouette below ``min_silhouette``:
-    one cluster."""
+    """The silhouette search (docs/fielding.md, D5): k-means for every K in range, the best
+    silhouette wins (ties -> smaller K). Fewer than 3 clients, or a best silhouette below
+    ``min_silhouette``: one cluster."""
     pts = pts or Points(x, metric)
     rng = np.random.default_rng(seed)
     best: ClusterResult | None = None
@@ -795,7 +795,8 @@ def handle_drift(pts: Points, labels: np.ndarray, drifted: np.ndarray,
                  centers: dict[int, np.ndarray], reference: dict[int, np.ndarray],
                  tau: float, trigger: str = "center_shift",
                  delta_diam: float = math.inf) -> DriftOutcome:
-    """HANDLE_DRIFT of fielding.md 2.5 (it does not re-cluster; ``trigger`` says whether to).
+    """HANDLE_DRIFT (docs/fielding.md, "The algorithm as implemented", steps 1-3; D2, D3, D6)
+    (it does not re-cluster; ``trigger`` says whether to).
 
     ``labels`` holds each row's cluster id (-1: never clustered, moved like a drifted client),
     ``drifted`` a boolean mask, ``centers`` the current (frozen) centers, ``reference`` the centers

@@ -1,28 +1,43 @@
-"""Fielding (Li et al.): drift-aware selective re-clustering (fielding.md section 2).
+"""Fielding: drift-aware selective re-clustering, one model per cluster of clients.
+
+"Fielding: Clustered Federated Learning with Data Drift", Li, Avdiukhin, Shahout, Ivkin,
+Braverman, Yu, arXiv preprint 2024, https://arxiv.org/abs/2411.01580 (its first version is
+titled "Federated Learning Clients Clustering with Adaptation to Data Drifts"). The algorithm as
+implemented and the choices where the paper is silent (Dn below): docs/fielding.md.
+
+Each client c holds a representation r_c of its current data window (by default its label
+distribution, r_c[y] = n_c(y) / n_c) and reports it when rho(r_c, r_c^last) > ``eps-drift``
+(D1). With clusters C_k, centers mu_k and models w_k, at the start of a time step
+(HANDLE_DRIFT, ``clustering.py``):
+
+    k(c)  <- argmin_k rho(r_c, mu_k)               every drifted client, centers frozen
+    mu_k  <- mean_{c in C_k} r_c                    (a cluster left empty is deleted, D6)
+    theta  = mean_{i < j} rho(mu_i^ref, mu_j^ref)  (mu^ref: the centers before the moves, D2, D3)
+    re-cluster everybody  iff  max_k rho(mu_k, mu_k^ref) >= tau theta          (tau = 1/3)
+
+and then, every round, each cluster trains a uniform sample S_k of floor(M/K) of its members
+(capped at its size, the remainder to the largest clusters, D7) with FedAvg, or FedProx through
+``prox-mu``, and
+
+    w_k <- (1/|S_k|) sum_{c in S_k} w_c            (the paper's pseudocode; or by sample counts, D8)
+
+A global re-clustering is k-means with rho and k-means++ seeding for every K in
+``k-min..k-max``, the best silhouette wins (D4, D5); each new cluster model is the unweighted
+mean of its members' cluster models after the moves (D17). With ``trigger = "pairwise"`` /
+``"either"`` a cluster whose diameter exceeds the adaptive Delta also triggers it (D13, D14).
 
 Before the rounds that start a time step (new data: the only time a client's window changes) the
 coordinator asks *every* client, sampled for training or not, for its drift report
-(``query.fielding_rep``, clients/fielding.py). Clients that have not registered always report.
-Then HANDLE_DRIFT (strategies/fielding_core.py):
-
-1. every drifted (or newly registered) client moves to the nearest center, centers frozen;
-2. centers are recomputed; if a center moved by >= tau * theta (theta = mean pairwise distance of
-   the reference centers; tau = 1/3) -- or, with ``trigger = "pairwise"/"either"``, a cluster's
-   diameter exceeds the adaptive Delta -- all clients are globally re-clustered: k-means with
-   k-means++ seeding, K by silhouette over ``k-min..k-max``, each new cluster model the unweighted
-   mean of its members' (post-move) cluster models.
-
-Each cluster then trains floor(M/K) uniformly sampled members (capped at its size, the remainder
-to the largest clusters) with FedAvg, or FedProx through ``prox-mu``; models are averaged
-uniformly (the paper's pseudocode) or by sample counts. Every move, rejection and re-clustering
-is logged in metrics.jsonl (``fielding_*`` keys).
+(``query.fielding_rep``, ``client.py``); clients that have not registered always report (D18).
+Every move, rejection and re-clustering is logged in metrics.jsonl (``fielding_*`` keys).
 
 Strategies here: ``fielding``; the ablations ``fielding-tau0`` (global re-clustering on every
 drift) and ``fielding-tauinf`` (moves only); ``static-cfl`` (cluster once at the start with the
-same routine, never update). All read ``[tool.flwr.app.config.fielding]``. The ablation
-"re-cluster only the selected clients" (fielding.md 6.7, 5.2) is ``adjust = "sampled"``: a
-drifted client's report waits until the client is sampled for training; then it moves (the same
-HANDLE_DRIFT, trigger included) and trains its new cluster's model.
+same routine, never update). All read ``[tool.flwr.app.config.fielding]``. The paper's ablation
+"re-cluster only the selected clients" (docs/fielding.md, "Baselines and ablations") is
+``adjust = "sampled"``: a drifted client's report waits until the client is sampled for
+training; then it moves (the same HANDLE_DRIFT, trigger included) and trains its new cluster's
+model.
 """
 
 from __future__ import annotations
@@ -293,7 +308,7 @@ class Fielding(ClusteredStrategy):
             self.global_recluster(out.trigger)
         else:
             self.centers = out.centers
-        if self.params.trigger in ("pairwise", "either"):  # adaptive Delta (2.8; max, not min)
+        if self.params.trigger in ("pairwise", "either"):  # adaptive Delta (D13; max, not min)
             if triggered and self.last_triggered:
                 self.delta *= 2.0
             elif not triggered:

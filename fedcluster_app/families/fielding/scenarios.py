@@ -1,23 +1,25 @@
-"""Fielding's drift scenarios (fielding.md sections 1.2, 4.2 and 8).
+"""Fielding's drift scenarios (docs/fielding.md, "Scenarios").
 
-* ``labels-small-large`` (section 8.1, variant b): 30 clients, 10-class Gaussian mixture in 64-d
-  (means N(0, I/9), unit noise: nearest-mean accuracy 0.84 under a uniform prior), label groups G1 = {0..3}, G2 = {4..6},
-  G3 = {7..9}; client i is in group i mod 3 with its own Dirichlet(5) proportions. At 1/3 of the
-  steps 30% of the clients move to the next group (small drift: moves, no re-clustering); at 2/3
-  all clients re-form into {0..4} and {5..9} (large drift: one global re-clustering, K 3 -> 2).
+* ``labels-small-large`` (the small experiment of docs/fielding.md): 30 clients, 10-class Gaussian
+  mixture in 64-d (means N(0, I/9), unit noise: nearest-mean accuracy 0.84 under a uniform prior),
+  label groups G1 = {0..3}, G2 = {4..6}, G3 = {7..9}; client i is in group i mod 3 with its own
+  Dirichlet(5) proportions. At 1/3 of the steps 30% of the clients move to the next group (small
+  drift: moves, no re-clustering); at 2/3 all clients re-form into {0..4} and {5..9} (large drift:
+  one global re-clustering, K 3 -> 2).
 * ``labels-frequent-small``: the same groups; every step from step 2 on, 2 random clients move to
   the next group (many small drifts: where tau = 0 churns).
 * ``digits-buckets`` / ``mixture-buckets``: the streaming label-bucket trace the paper built from
-  Open Images (section 4.2): each client's label set is split at random into buckets; the window
-  holds two consecutive buckets and one new bucket streams in per time step (after the last
-  bucket the stream starts over). Digits: every client holds the 10 digits in 5 buckets of 2
-  (window = 4 labels), inputs with Gaussian noise (std 0.3) so that one global model is not
-  already near-perfect. Mixture: 30 classes in 16-d (means N(0, 0.49 I), unit noise: nearest-mean
-  accuracy 0.69 under a uniform prior); every client holds 10 of them in 5 buckets.
-* ``digits-concept-swap`` (section 1.2, appendix): static digits with a uniform class prior; at
-  step ``drift-step`` (default: 1/3 of the steps) half of the clients, picked at random, each
-  swap two random labels A <-> B. Their label vectors do not change (uniform prior, exact label
-  counts): only a loss-based representation (gradients) can see this drift.
+  Open Images (docs/fielding.md, Scenarios): each client's label set is split at random into
+  buckets; the window holds two consecutive buckets and one new bucket streams in per time step
+  (after the last bucket the stream starts over). Digits: every client holds the 10 digits in 5
+  buckets of 2 (window = 4 labels), inputs with Gaussian noise (std 0.3) so that one global model
+  is not already near-perfect. Mixture: 30 classes in 16-d (means N(0, 0.49 I), unit noise:
+  nearest-mean accuracy 0.69 under a uniform prior); every client holds 10 of them in 5 buckets.
+* ``digits-concept-swap`` (the paper's appendix experiment, docs/fielding.md D16): static digits
+  with a uniform class prior; at step ``drift-step`` (default: 1/3 of the steps) half of the
+  clients, picked at random, each swap two random labels A <-> B. Their label vectors do not
+  change (uniform prior, exact label counts): only a loss-based representation (gradients) can
+  see this drift.
 
 Label counts are exact (largest remainder of p * n), so a client whose distribution does not
 change reports the same label vector at every step: with ``eps-drift = 0`` only real drifts
@@ -105,9 +107,9 @@ def _dirichlet_priors(p: int, c: int, alpha: float, seed: int) -> np.ndarray:
 
 
 def gaussian_means(num_classes: int, dim: int, scale: float, seed: int) -> np.ndarray:
-    """Class means N(0, scale^2 I) of the mixture x = mean_y + N(0, I) (section 8.1 b: 10 classes,
-    64-d, scale 1/3 = unit means with noise sigma 3; nearest-mean accuracy 0.84 under a uniform
-    prior)."""
+    """Class means N(0, scale^2 I) of the mixture x = mean_y + N(0, I) (``labels-small-large``: 10
+    classes, 64-d, scale 1/3 = unit means with noise sigma 3; nearest-mean accuracy 0.84 under a
+    uniform prior)."""
     return np.random.default_rng([seed, 0, 0, TAG_MEANS]).standard_normal((num_classes, dim)) * scale
 
 
@@ -231,8 +233,9 @@ def _swap_scenario(name: str, description: str, **kwargs) -> Scenario:
 def _entries() -> list[tuple[str, str, object]]:
     specs: list[tuple[str, str, object]] = []
     specs += [
-        ("labels-small-large", "Fielding 8.1: 10-class mixture, 3 label groups; 30% of clients "
-         "move group at 1/3 (small drift), all re-form into 2 groups at 2/3 (large drift)",
+        ("labels-small-large", "Fielding small experiment: 10-class mixture, 3 label groups; "
+         "30% of clients move group at 1/3 (small drift), all re-form into 2 groups at 2/3 "
+         "(large drift)",
          lambda **kw: _group_scenario("labels-small-large", specs[0][1], False, **kw)),
         ("labels-frequent-small", "Fielding: 3 label groups; 2 random clients move to the next "
          "group every step (many small drifts)",

@@ -1,8 +1,9 @@
 """FeSEM, and FeSEM-MIG: each selected client joins the centre nearest to its last local model.
 
 "Multi-Center Federated Learning: Clients Clustering for Better Personalization", Long, Xie,
-Liu, Shen, Jiang (FeSEM), World Wide Web 2023, https://arxiv.org/abs/2005.01026. A baseline of
-the FlexCFL paper (FeSEM-MIG: its Fig. 6) and, with ``init = "min-loss"``, of the FedRC paper.
+Shen, Zhou, Wang, Jiang (FeSEM), World Wide Web 2023; first version
+https://arxiv.org/abs/2005.01026. A baseline of the FlexCFL paper (FeSEM-MIG: its Fig. 6) and,
+with ``init = "min-loss"``, of the FedRC paper (docs/fedrc.md, "The algorithm as built").
 
 With m centres c_1..c_m, every round each selected client i joins
 k = argmin_k ||w_i - c_k||_2 (w_i its last local solution, w0 if it never trained), trains

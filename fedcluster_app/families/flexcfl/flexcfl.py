@@ -2,7 +2,7 @@
 aggregation.
 
 FlexCFL: "Flexible Clustered Federated Learning for Client-Level Data Distribution Shift",
-Duan, Liu, Chen, Tan, Xie, Yang, Jiang, IEEE TPDS 2022, https://arxiv.org/abs/2108.09749.
+Duan, Liu, Ji, Wu, Liang, Chen, Tan, Ren, IEEE TPDS 2022, https://arxiv.org/abs/2108.09749.
 FedGroup: "FedGroup: Efficient Clustered Federated Learning via Decomposed Data-Driven
 Measure", Duan et al., ISPA 2021, https://arxiv.org/abs/2010.06870.
 
@@ -125,7 +125,7 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
             self.n_pre = min(20 * self.m, n)   # the paper's alpha = 20, capped at N
         if self.rac and self.n_pre >= n:
             log(WARNING, "%s.rac: alpha x m = %d >= N = %d, so there is no newcomer to assign at "
-                "random (docs/flexcfl.md); only migrants are", p.table, self.n_pre, n)
+                "random (docs/flexcfl.md, D20); only migrants are", p.table, self.n_pre, n)
         self.pretrain_iters, self.eta_g = p.pretrain_iters, p.eta_g
         self.migration = getattr(p, "migration", False) and self.MIGRATION
         self.group_init, self.cold_mode = p.group_init, p.cold_start
@@ -194,8 +194,9 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
         return out
 
     def group_cold_start(self, grid: Grid) -> None:
-        """Spec 2.2 (Algorithm 3), once, as a pre-round exchange: EDC + k-means++, or MADC +
-        complete-linkage agglomerative clustering (``measure``), or RCC (``rcc``)."""
+        """The paper's Algorithm 3, once, as a pre-round exchange (docs/flexcfl.md, D23): EDC +
+        k-means++, or MADC + complete-linkage agglomerative clustering (``measure``), or RCC
+        (``rcc``)."""
         self.grouped = True
         cids = sorted(self.clients)
         rng = np.random.default_rng([self.cfg.seed, 0xF1E7])  # not self.rng: selection uses it
@@ -267,9 +268,9 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
         return self.nearest_group(delta)
 
     def cold_start(self, grid: Grid, cids: list[int], why: str, old: dict | None = None) -> None:
-        """Spec 2.3: pre-train from w0 on the current data, join the closest initial direction
-        (RAC: a random group; the pre-training still runs, as in the authors' code, and gives
-        the reference counts)."""
+        """Client cold start (docs/flexcfl.md, The algorithm; the paper's Eq. 8): pre-train from w0
+        on the current data, join the closest initial direction (RAC: a random group; the
+        pre-training still runs, as in the authors' code, and gives the reference counts)."""
         for cid, (delta, counts) in self._pretrain(grid, cids).items():
             g = self.choose_group(cid, delta)
             self.assign(cid, g)
@@ -307,7 +308,7 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
             if rec is None or rec.cluster not in self.group_ids:
                 continue
             if self.last_counts.get(cid, 1) == 0:
-                continue     # no training data: skipped in training, still evaluated (7.22)
+                continue     # no training data: skipped in training, still evaluated (D22)
             plan[cid] = Task(models=[rec.cluster])
         return plan
 

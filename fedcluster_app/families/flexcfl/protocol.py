@@ -1,7 +1,7 @@
 """The FlexCFL paper's protocol: its client selection, its accounting and its scoring rule.
 
 From "Flexible Clustered Federated Learning for Client-Level Data Distribution Shift", Duan,
-Liu, Chen, Tan, Xie, Yang, Jiang; IEEE TPDS 2022, https://arxiv.org/abs/2108.09749. Every
+Liu, Ji, Wu, Liang, Chen, Tan, Ren; IEEE TPDS 2022, https://arxiv.org/abs/2108.09749. Every
 strategy of its comparison runs under it (FlexCFL, FedGroup, FeSEM, and the foundation's IFCA
 and FedAvg), so they see the same clients in the same rounds:
 
@@ -12,7 +12,7 @@ and FedAvg), so they see the same clients in the same rounds:
   messages, evaluation excluded (the communication the paper reports);
 * scoring (``eval-model``): ``current_group`` tests every client with its group's current model,
   ``last_received`` with the model it last trained from (w0 if none), as the authors' code does
-  (docs/flexcfl.md explains both). Held-out clients never see those snapshots.
+  (docs/flexcfl.md, D13). Held-out clients never see those snapshots.
 """
 
 from __future__ import annotations

@@ -1,30 +1,31 @@
-"""FlexCFL's data (spec ``flexcfl.md`` sections 1.2, 4.1 and 8): Synthetic(a, b) of the FedProx
-line of work, a digits-pairs variant, and the paper's client-level distribution shifts.
+"""FlexCFL's data (docs/flexcfl.md, "The algorithm" and "The small experiment"): Synthetic(a, b) of
+the FedProx line of work, a digits-pairs variant, and the paper's client-level distribution shifts.
 
 Each scenario starts from a fixed set of per-user datasets (user ``u`` = client ``u`` at step 1)
 and moves data between clients over time:
 
 * ``swap-all``: at every step from ``drift_step`` (default 2) on, a random permutation pi of the
   clients is drawn and client pi[k] is paired with pi[n-1-k]; each pair exchanges its whole data
-  (train and test) with probability ``p`` (section 1.2.1);
+  (train and test) with probability ``p`` (docs/flexcfl.md, The algorithm: client-level shifts);
 * ``swap-part``: the same pairs; a chosen pair (c1, c2) moves every sample of one label a in
   L1 \\ L2 from c1 to c2 and of one label b in L2 \\ L1 from c2 to c1, where Lc are the labels
-  present in both the train and the test data of c; ineligible pairs are skipped (section 7.11);
+  present in both the train and the test data of c; ineligible pairs are skipped
+  (docs/flexcfl.md, D11);
 * ``incremental``: each client releases 25 %, 50 %, 75 %, 100 % of its *original* training
   set (a prefix of a fixed per-client order), one more quarter every ``drift_step`` steps
-  (default 50); test sets do not change (sections 1.2.3 and 7.12).
+  (default 50); test sets do not change (docs/flexcfl.md, D12).
 
 The time steps are the paper's rounds: run these scenarios with ``rounds-per-step = 1`` and
 ``window = 1`` (the presets do). The swap schedule is precomputed from the data seed and the
 step only (``default_rng([data_seed, 0x5A5, step])``), over all clients, so every algorithm sees
-the same shifts (section 7.11).
+the same shifts (docs/flexcfl.md, D11).
 
 A client's data at a step is a *holding*: a set of (user, label) blocks (plus the released
 fraction for ``incremental``). Every distinct holding is a concept id; ``concept(k, t)`` is
 therefore the identity of the data client k holds, not a cluster (Synthetic has no ground-truth
 clusters). The realisation returns a client-specific number of samples (the holding's size),
 whatever ``samples_per_step`` asks; ``samples_per_step`` > 0 instead caps every user's dataset
-at that many samples (spec 8.1's optional cap) and ``test_samples`` is unused.
+at that many samples (an optional cap for time) and ``test_samples`` is unused.
 
 ``drift_pattern`` overrides a scenario's shift: ``none``, ``swap-all``, ``swap-part`` or
 ``incremental``, with an optional probability ``@p`` for the swaps (``swap-all@0.1``); a
@@ -52,8 +53,8 @@ __all__ = [
 
 SHIFT_KINDS = ("none", "swap-all", "swap-part", "incremental")
 DEFAULT_SWAP_P = 0.05
-SYNTHETIC_STEPS = 100           # spec 8.1: T = 100 rounds
-DIGITS_STEPS = 60               # spec 8.2: T = 60
+SYNTHETIC_STEPS = 100           # the small experiment: T = 100 rounds
+DIGITS_STEPS = 60               # digits pairs: T = 60
 INCREMENTAL_EVERY = 50          # releases at rounds 0 / 50 / 100 / 150
 TAG_SHIFT = 0x5A5
 TAG_INCREMENTAL = 0x1AC
@@ -118,7 +119,8 @@ def _softmax_argmax(logits: np.ndarray) -> np.ndarray:
 
 def synthetic_users(alpha: float, beta: float, num_users: int, seed: int, cap: int = 0
                     ) -> list[UserData]:
-    """Synthetic(alpha, beta) exactly as spec 4.1 (FedProx ``generate_synthetic.py``, non-IID).
+    """Synthetic(alpha, beta) exactly as docs/flexcfl.md (The algorithm: Synthetic; D17): FedProx's
+    ``generate_synthetic.py``, non-IID.
 
     One ``np.random.RandomState(seed)`` consumed in the original order: all sizes, all u_k,
     all B_k, the v_k per user, then per user W_k, b_k and x; then per user a shuffle and the
@@ -152,8 +154,9 @@ def synthetic_users(alpha: float, beta: float, num_users: int, seed: int, cap: i
 
 
 def digits_pair_users(num_users: int, seed: int, cap: int = 0) -> list[UserData]:
-    """Spec 8.2: scikit-learn's 8x8 digits (64 features / 16); user u owns classes u mod 10 and
-    (u + 1) mod 10; each class pool is split evenly among the users holding it; 80/20 split."""
+    """``digits-pairs`` (docs/flexcfl.md, Scenarios): scikit-learn's 8x8 digits (64 features / 16);
+    user u owns classes u mod 10 and (u + 1) mod 10; each class pool is split evenly among the
+    users holding it; 80/20 split."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -184,7 +187,7 @@ Holding = tuple  # ((user, label), ...) sorted, plus ("frac", f) for incremental
 
 
 def swap_pairs(num_clients: int, rng: np.random.Generator) -> list[tuple[int, int]]:
-    """pi[k] with pi[n-1-k], k < n // 2 (section 1.2.1)."""
+    """pi[k] with pi[n-1-k], k < n // 2 (docs/flexcfl.md, The algorithm: client-level shifts)."""
     perm = rng.permutation(num_clients)
     return [(int(perm[k]), int(perm[num_clients - 1 - k])) for k in range(num_clients // 2)]
 
@@ -234,7 +237,7 @@ def holdings_schedule(users: list[UserData], num_steps: int, shift: ShiftSpec, s
                 l2 = _labels_in(users, blocks[c2], True) & _labels_in(users, blocks[c2], False)
                 d1, d2 = sorted(l1 - l2), sorted(l2 - l1)
                 if not d1 or not d2:
-                    continue  # ineligible pair: skipped, the others still swap (section 7.11)
+                    continue  # ineligible pair: skipped, the others still swap (D11)
                 a, b = int(rng.choice(d1)), int(rng.choice(d2))
                 move_a = {blk for blk in blocks[c1] if blk[1] == a}
                 move_b = {blk for blk in blocks[c2] if blk[1] == b}

@@ -15,7 +15,7 @@ v^_{t-1} = 0; clients train with SGD at that lr. The one open choice is m^_0, th
 mean" at t = 1 (docs/foundation.md D6):
 
 * ``zero_start=True``: m^_0 = 0, so v_1 measures the weights themselves (the FedCCFA authors'
-  code, with beta1 0.7, beta2 0.3, beta3 0.7, eta0 0.01);
+  code, with beta1 0.7, beta2 0.3, beta3 0.7, eta0 0.01: docs/fedccfa.md, D20);
 * ``zero_start=False``: m^_0 = w_1, so v_1 = 0 and the first ratio that counts is at t = 3
   (one beta, 0.5, for all three).
 
