@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
+from fedcluster_app.core.results import load_run
 from fedcluster_app.deploy import LocalDeployment
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.launcher import run_on_deployment, run_with_flwr
-from fedcluster_app.core.results import load_run
 
 
 def clientapp_import_seconds() -> float:

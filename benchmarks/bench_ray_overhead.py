@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
-from fedcluster_app.engine import run_inprocess
 from fedcluster_app.core.experiment import load_experiment
-from fedcluster_app.launcher import run_with_flwr
 from fedcluster_app.core.results import load_run
+from fedcluster_app.engine import run_inprocess
+from fedcluster_app.launcher import run_with_flwr
 
 
 def main() -> None:

@@ -17,11 +17,11 @@ from pathlib import Path
 
 from flwr.app import Message
 
+from fedcluster_app.api import build_strategy
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import default_run_config, merge_overrides
-from fedcluster_app.engine import InProcessGrid
 from fedcluster_app.core.experiment import load_experiment
-from fedcluster_app.api import build_strategy
+from fedcluster_app.engine import InProcessGrid
 
 
 class InfoOnlyGrid(InProcessGrid):

@@ -13,8 +13,8 @@ import argparse
 from pathlib import Path
 
 from fedcluster_app.core.config import parse_assignment
-from fedcluster_app.engine import run_inprocess
 from fedcluster_app.core.results import compare_runs
+from fedcluster_app.engine import run_inprocess
 
 
 def main() -> None:

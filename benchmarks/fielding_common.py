@@ -24,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from fedcluster_app.engine import run_inprocess  # noqa: E402
 from fedcluster_app.core.results import (  # noqa: E402,F401  (re-exported for the benchmarks)
     load_run,
     round_seconds,
     rounds_to_target,
     time_to_target,
 )
+from fedcluster_app.engine import run_inprocess  # noqa: E402
 
 OUT = Path(os.environ.get("FIELDING_BENCH_OUT", "/tmp/fielding-bench"))
 
