@@ -31,7 +31,7 @@ from fedcluster_app.core.config import (ConfigError, ConfigValue, default_run_co
                                         merge_overrides)
 from fedcluster_app.core.data import build_scenario, list_scenarios, scenario_names
 from fedcluster_app.core.experiment import Experiment, load_experiment
-from fedcluster_app.core.hparams import HParams, suggest
+from fedcluster_app.core.hparams import HParams, suggest, toml_table
 from fedcluster_app.core.strategy import ClusteredResult, ClusteredStrategy
 
 _CLASSES = families.strategy_classes()
@@ -43,6 +43,7 @@ globals().update({cls.__name__: cls for cls in _CLASSES})   # FedAvg, IFCA, FedD
 
 __all__ = ["ClusteredResult", "ClusteredStrategy", "ConfigError", "HParams", "STRATEGIES",
            "UnknownStrategy", "build_scenario", "build_strategy", "default_run_config",
+           "hyperparameter_tables",
            "list_scenarios",
            "list_strategies", "make_strategy", "scenario_names", "strategy_class",
            *sorted(cls.__name__ for cls in _CLASSES)]
@@ -68,6 +69,20 @@ def build_strategy(experiment: Experiment) -> ClusteredStrategy:
 def list_strategies() -> list[tuple[str, str]]:
     """``(name, one-line description)`` of every registered strategy, sorted by name."""
     return sorted((name, cls.description) for name, cls in STRATEGIES.items())
+
+
+def hyperparameter_tables() -> str:
+    """Every strategy's hyper-parameter table, in the order of the families, as
+    ``[tool.flwr.app.config.<table>]`` sections of pyproject.toml (which holds exactly this)."""
+    users: dict[type[HParams], list[str]] = {}
+    for cls in _CLASSES:
+        if cls.Params.table:
+            users.setdefault(cls.Params, []).append(cls.name)
+    def doc(params: type[HParams]) -> str:
+        return f"docs/{params.__module__.split('.')[2]}.md"
+
+    return "\n".join(toml_table(params, f"{', '.join(names)} (Dn: {doc(params)})")
+                     for params, names in users.items())
 
 
 def make_strategy(name: str, *, run_config: Mapping[str, ConfigValue] | None = None,

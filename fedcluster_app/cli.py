@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                          "the strategies' hyper-parameters (params)")
     lst.add_argument("what", nargs="?", default="all",
                      choices=("all", "strategies", "scenarios", "federations", "config", "params"))
+    lst.add_argument("--toml", action="store_true",
+                     help="with params: print the tables as pyproject.toml holds them")
 
     dep = sub.add_parser("deploy", help="start/stop a SuperLink + SuperNodes on 127.0.0.1")
     dep.add_argument("action", choices=("up", "down", "status"))
@@ -132,8 +134,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from fedcluster_app.api import STRATEGIES, list_scenarios, list_strategies
+    from fedcluster_app.api import (STRATEGIES, hyperparameter_tables, list_scenarios,
+                                    list_strategies)
     from fedcluster_app.launcher import load_profiles
+
+    if args.toml:
+        print(hyperparameter_tables(), end="")
+        return 0
 
     sections = []
     if args.what in ("all", "strategies"):

@@ -145,6 +145,15 @@ def test_hyper_parameter_classes_match_the_pyproject_tables():
     assert sorted(set(tables) - set(declared)) == []     # no table without its class
 
 
+def test_the_pyproject_tables_are_generated_from_the_classes():
+    from fedcluster_app.api import hyperparameter_tables
+
+    text = (ROOT / "pyproject.toml").read_text()
+    first = text.index("[tool.flwr.app.config.", text.index("[tool.flwr.app.config]") + 1)
+    assert text[first:] == hyperparameter_tables(), \
+        "regenerate the tables: fedcluster list params --toml (they end pyproject.toml)"
+
+
 def test_every_hyper_parameter_has_a_description():
     from fedcluster_app.api import STRATEGIES
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar, get_type_hints
@@ -199,6 +200,25 @@ class HParams:
             raise ValueError(f"the message lacks hyper-parameter(s) "
                              f"{', '.join(prefix + k for k in missing)}")
         return cls.from_table({k: config[f"{prefix}{k}"] for k in keys})
+
+
+def toml_value(value: ConfigValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return repr(value)
+
+
+def toml_table(params: type[HParams], comment: str = "") -> str:
+    """The ``[tool.flwr.app.config.<table>]`` table of ``params``: every key with its default
+    and its description, as pyproject.toml holds it (generated from the class, never by hand)."""
+    lines = [f"[tool.flwr.app.config.{params.table}]" + (f"  # {comment}" if comment else "")]
+    for key, default, allowed, doc in params.describe():
+        lines.append(f"{f'{key} = {toml_value(default)}':<31} # {doc} [{allowed}]")
+    return "\n".join(lines) + "\n"
 
 
 @dataclasses.dataclass(frozen=True)
