@@ -10,7 +10,7 @@ in 2..10 and the silhouette of each. The paper's prototype: 2.0 s for the per-cl
 and 15.6 s per global re-clustering; our target is under 1 s on a 2-core machine.
 
 The global re-clustering is timed (whether or not the trigger fired) with each k-means engine of
-``fielding_core.kmeans``, in the same run and on the same data and seeds, alternating per repeat:
+``families/fielding/clustering.kmeans``, in the same run and on the same data and seeds, alternating per repeat:
 
 * ``before``  -- the restarts one after the other (Hamerly's bounds; the implementation before
   the lock-step engine, bit for bit: ``batched=False``);

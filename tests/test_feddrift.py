@@ -317,7 +317,7 @@ def test_weighted_and_adaptive_fedavg_send_their_training_rules(tmp_path, schedu
 
 
 def test_adaptive_fedavg_schedule_is_the_shared_one_with_the_feddrift_start():
-    """adaptive-fedavg adapts its lr once per step with ``adaptive_lr.AdaptiveLR`` (one beta,
+    """adaptive-fedavg adapts its lr once per step with ``adaptive_fedavg.AdaptiveLR`` (one beta,
     m^_0 = w_1, so v_1 = 0 and the first variance ratio that counts is at step 3)."""
     from fedcluster_app.families.foundation.adaptive_fedavg import AdaptiveLR
 

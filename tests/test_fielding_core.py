@@ -1,4 +1,4 @@
-"""Fielding's clustering routine and drift handling (strategies/fielding_core.py), no Flower."""
+"""Fielding's clustering routine and drift handling (families/fielding/clustering.py), no Flower."""
 
 from __future__ import annotations
 
