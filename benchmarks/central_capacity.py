@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 
 from fedcluster_app.core.config import TrainConfig
-from fedcluster_app.core.data import build_scenario
+from fedcluster_app.api import build_scenario
 from fedcluster_app.core.models import ModelSpec, build_model
 from fedcluster_app.core.training import evaluate, limit_threads, local_train
 

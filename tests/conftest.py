@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import fedcluster_app.families  # noqa: F401  (every family's scenarios, for tests of the data)
+
 # A small drift scenario: 10 clients, 6 steps, half the clients get a label permutation at step 3.
 FAST = {
     "scenario": "mixture-swap",

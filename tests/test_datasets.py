@@ -36,7 +36,9 @@ from fedcluster_app.core.data.generators import (
 )
 
 SHARED_CP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "feddrift-changepoints"
-OFFLINE = [n for n in SCENARIO_NAMES if n.split("-")[0] not in ("mnist", "fmnist", "cifar10")]
+# the standard catalogue: the core's scenarios and FedDrift's (defined by its family)
+STANDARD = sorted({*SCENARIO_NAMES, "sine2", "circle2", "sea2", "sea4"})
+OFFLINE = [n for n in STANDARD if n.split("-")[0] not in ("mnist", "fmnist", "cifar10")]
 
 # first step on concept B per client under schedule Y (docs/feddrift.md, "Data and drift
 # schedules")
@@ -478,7 +480,7 @@ def test_unknown_scenario_lists_valid_names():
     with pytest.raises(ValueError) as exc:
         build_scenario("circle3")
     msg = str(exc.value)
-    assert "circle3" in msg and all(n in msg for n in SCENARIO_NAMES)
+    assert "circle3" in msg and all(n in msg for n in STANDARD)
 
 
 def test_bad_schedule_files(tmp_path):

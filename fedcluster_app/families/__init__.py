@@ -7,7 +7,8 @@ registry reads three conventional modules of every family:
 
 * ``strategies.py``: ``STRATEGIES``, the strategy classes it registers;
 * ``client.py``: ``HANDLERS``, the message kinds its clients answer (optional);
-* ``scenarios.py``: ``SCENARIOS``, ``(name, description, builder)`` of its scenarios (optional).
+* ``scenarios.py``: ``SCENARIOS``, its scenarios: ``(name, description, builder)``, or a
+  ``ScenarioDef`` of the core's standard catalogue (optional).
 
 The server imports only the strategies, a client only the handlers, so neither side loads the
 other's code. Adding an algorithm family means one new folder plus one line in ``FAMILIES``.
@@ -62,11 +63,15 @@ def register_scenarios() -> None:
     global _registered
     if _registered:
         return
-    from fedcluster_app.core.data.scenarios import register_scenario
+    from fedcluster_app.core.data.scenarios import (ScenarioDef, define_scenario,
+                                                    register_scenario)
 
     for module in _modules("scenarios"):
-        for name, description, builder in module.SCENARIOS:
-            register_scenario(name, description, builder)
+        for entry in module.SCENARIOS:
+            if isinstance(entry, ScenarioDef):
+                define_scenario(entry)
+            else:
+                register_scenario(*entry)
     _registered = True
 
 

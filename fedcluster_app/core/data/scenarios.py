@@ -135,7 +135,12 @@ class StepData:
 
 
 @dataclass(frozen=True)
-class _Def:
+class ScenarioDef:
+    """A scenario of the standard catalogue: a data kind with its concepts (the table in the
+    module docstring), a schedule (a bundled ``.cp`` name or a drift pattern) and its sizes.
+    The core defines the mixtures and the image pools; a family adds its own with
+    :func:`define_scenario` (FedDrift: SINE-2, CIRCLE-2, SEA-2, SEA-4)."""
+
     name: str
     description: str
     data: str  # sine | circle | sea | mixture | digits | mnist | fashion-mnist | cifar10
@@ -157,20 +162,12 @@ class _Def:
         return self.data in ("mnist", "fashion-mnist", "cifar10")
 
 
-def _defs() -> dict[str, _Def]:
-    out: list[_Def] = [
-        _Def("sine2", "SINE-2 (FedDrift): y = [x2 <= sin(x1)], concept B flips the labels; "
-             "staggered 2-concept schedule Y", "sine", "", "Y", num_steps=11, drift_step=4),
-        _Def("circle2", "CIRCLE-2 (FedDrift): inside/outside a circle that moves and grows; "
-             "staggered 2-concept schedule Y", "circle", "", "Y", num_steps=11, drift_step=4),
-        _Def("sea2", "SEA-2 (FedDrift): y = [x1 + x2 <= 9 (A) / 8 (B)], 10% label noise; "
-             "schedule Y", "sea", "2", "Y", num_steps=11, drift_step=4),
-        _Def("sea4", "SEA-4 (FedDrift): thresholds 9, 8, 7, 9.5, 10% label noise; 4-concept "
-             "schedule F with recurrence", "sea", "4", "F", num_steps=11, drift_step=4),
-        _Def("mixture-swap", "Gaussian 4-class mixture in 8-d; clients 0-4 get permuted labels "
+def _defs() -> dict[str, ScenarioDef]:
+    out: list[ScenarioDef] = [
+        ScenarioDef("mixture-swap", "Gaussian 4-class mixture in 8-d; clients 0-4 get permuted labels "
              "from step 3 (small, fast)", "mixture", "swap", "sudden", samples=200,
              test_samples=100),
-        _Def("mixture-prior", "Gaussian 4-class mixture in 8-d; label shift: clients 0-4 put 90% "
+        ScenarioDef("mixture-prior", "Gaussian 4-class mixture in 8-d; label shift: clients 0-4 put 90% "
              "of their data on classes 0-1 from step 3", "mixture", "prior", "sudden",
              samples=200, test_samples=100),
     ]
@@ -184,20 +181,29 @@ def _defs() -> dict[str, _Def]:
         data = "fashion-mnist" if prefix == "fmnist" else prefix
         common = dict(samples=n, test_samples=n_test, alpha=1.0)
         out += [
-            _Def(f"{prefix}-static", f"{label}, Dirichlet(1) label skew, no drift", data,
+            ScenarioDef(f"{prefix}-static", f"{label}, Dirichlet(1) label skew, no drift", data,
                  "static", "none", **common),
-            _Def(f"{prefix}-swap", f"{label}; concept shift: FedCCFA label swaps (1<->2, 3<->4, "
+            ScenarioDef(f"{prefix}-swap", f"{label}; concept shift: FedCCFA label swaps (1<->2, 3<->4, "
                  "5<->6 by client group) at step 3", data, "swap", "sudden", **common),
-            _Def(f"{prefix}-rotate", f"{label}; feature shift: even clients see images rotated "
+            ScenarioDef(f"{prefix}-rotate", f"{label}; feature shift: even clients see images rotated "
                  "by 90 degrees from step 3", data, "rotate", "sudden", **common),
-            _Def(f"{prefix}-noise", f"{label}; feature shift: even clients get additive "
+            ScenarioDef(f"{prefix}-noise", f"{label}; feature shift: even clients get additive "
                  "Gaussian noise (std 0.5) from step 3", data, "noise", "sudden", **common),
         ]
     return {d.name: d for d in out}
 
 
 _DEFS = _defs()
+#: the scenarios the core defines itself (families add theirs: :func:`scenario_names`)
 SCENARIO_NAMES: tuple[str, ...] = tuple(sorted(_DEFS))
+
+
+def define_scenario(d: ScenarioDef) -> None:
+    """Add a scenario of the standard catalogue (its data kind is one of the core's)."""
+    key = d.name.strip().lower()
+    if key in _DEFS or key in _EXTRA:
+        raise ValueError(f"scenario {d.name!r} is already defined")
+    _DEFS[key] = d
 
 
 # Scenario families defined in other modules (FlexCFL's Synthetic(a,b), FedRC's populations, ...):
@@ -249,7 +255,7 @@ def _even(p: int) -> list[int]:
     return list(range(0, p, 2))
 
 
-def _family(d: _Def) -> _Family:
+def _family(d: ScenarioDef) -> _Family:
     if d.data == "sine":
         return _Family(list(SINE_CONCEPTS), ["A", "B"], _first_half, lambda k: 1)
     if d.data == "circle":

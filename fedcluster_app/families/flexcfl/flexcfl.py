@@ -98,7 +98,7 @@ class FlexCFLParams(ShiftParams, FedGroupParams):
                             "the threshold")
 
 
-class FlexCFL(ShiftCheck, ClusteredStrategy):
+class FlexCFL(ClusteredStrategy):
     name = "flexcfl"
     description = ("FlexCFL: EDC group cold start, newcomer cold start, migration on label "
                    "shift, inter-group aggregation (eta-g)")
@@ -129,7 +129,7 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
         self.pretrain_iters, self.eta_g = p.pretrain_iters, p.eta_g
         self.migration = getattr(p, "migration", False) and self.MIGRATION
         self.group_init, self.cold_mode = p.group_init, p.cold_start
-        self._shift_init()
+        self.shifts = ShiftCheck(self)
         self.group_ids: list[int] = []
         self.w0_id: int | None = None
         self.directions: dict[int, np.ndarray] = {}     # fixed after the group cold start
@@ -148,10 +148,10 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
         w0 = self.initial_weights()
         self.group_ids = [self.new_model([a.copy() for a in w0]) for _ in range(self.m)]
         self.w0_id = self.new_model(w0)
-        self.note_sizes()
+        self.shifts.note_sizes()
 
     def on_new_client(self, cid: int) -> None:
-        self.note_sizes([cid])   # cold until selected
+        self.shifts.note_sizes([cid])   # cold until selected
 
     def before_round(self, grid: Grid, step: int, new_step: bool) -> None:
         if not self.grouped:
@@ -189,7 +189,7 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
                 self._count("pretrain_left_out")
                 continue
             counts = np.asarray(r.metrics.get(P.HISTOGRAM, []), dtype=np.int64)
-            self.last_counts[cid] = int(counts.sum())
+            self.shifts.last_counts[cid] = int(counts.sum())
             out[cid] = (delta, counts)
         return out
 
@@ -249,7 +249,7 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
                 self.models[gid] = unflatten(w0 + direction, self.models[gid])
             for c in members:
                 self.assign(c, gid)
-                self.ref_counts[c] = updates[c][1]
+                self.shifts.ref_counts[c] = updates[c][1]
         log(INFO, "%s: group cold start on %d clients: sizes %s", self.name,
             sum(map(len, members_of.values())), [len(self.members(g)) for g in self.group_ids])
 
@@ -274,7 +274,7 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
         for cid, (delta, counts) in self._pretrain(grid, cids).items():
             g = self.choose_group(cid, delta)
             self.assign(cid, g)
-            self.ref_counts[cid] = counts
+            self.shifts.ref_counts[cid] = counts
             self._count(why)
             if old is not None and old.get(cid) != g:
                 self._count("migrations")
@@ -288,7 +288,7 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
         warm = [c for c in sorted(self.clients) if self.clients[c].cluster in self.group_ids]
         if not warm:
             return
-        shifted = self.detect_shifts(self.label_counts(grid, warm), warm)
+        shifted = self.shifts.detect(self.shifts.label_counts(grid, warm), warm)
         self._shifted = shifted
         if not shifted:
             return
@@ -307,7 +307,7 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
             rec = self.clients.get(cid)
             if rec is None or rec.cluster not in self.group_ids:
                 continue
-            if self.last_counts.get(cid, 1) == 0:
+            if self.shifts.last_counts.get(cid, 1) == 0:
                 continue     # no training data: skipped in training, still evaluated (D22)
             plan[cid] = Task(models=[rec.cluster])
         return plan
@@ -336,7 +336,7 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
             "group_sizes_final": [len(self.members(g)) for g in self.group_ids]}
 
     def strategy_state(self) -> dict[str, Any]:
-        return self.shift_state() | {
+        return self.shifts.state() | {
             "group_ids": self.group_ids, "w0_id": self.w0_id, "grouped": self.grouped,
             "directions": {str(g): encode(v) for g, v in self.directions.items()},
             "pre_clients": self.pre_clients, "pre_labels": self.pre_labels,
@@ -344,7 +344,7 @@ class FlexCFL(ShiftCheck, ClusteredStrategy):
         }
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
-        self.load_shift_state(state)
+        self.shifts.load_state(state)
         self.group_ids = [int(g) for g in state["group_ids"]]
         self.w0_id = state["w0_id"]
         self.grouped = bool(state["grouped"])
