@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import tomllib
@@ -80,8 +81,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _resumed_config(run_dir: Path) -> dict:
+    """The run config a run directory was started with (its summary.json), so that
+    ``--resume DIR`` alone continues that run; empty when there is none to read."""
+    summary = run_dir / "summary.json"
+    if run_dir.is_dir() and summary.is_file():
+        try:
+            saved = json.loads(summary.read_text()).get("config") or {}
+        except ValueError:
+            return {}
+        return {k: v for k, v in saved.items() if k not in ("resume-from", "out-dir")}
+    return {}
+
+
 def _overrides(args: argparse.Namespace) -> dict:
-    values: dict = {}
+    values: dict = _resumed_config(args.resume) if args.resume else {}
     if args.run_config:
         with args.run_config.open("rb") as fh:
             values.update(tomllib.load(fh))

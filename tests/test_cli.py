@@ -34,6 +34,21 @@ def test_run_inprocess_writes_results(tmp_path, capsys):
     assert "mean accuracy" in capsys.readouterr().out
 
 
+def test_resume_with_the_directory_alone_continues_that_run(tmp_path, capsys):
+    """``fedcluster run --resume DIR`` (the README's command) reads the strategy, the scenario
+    and the rest of the run config from DIR; flags given beside it still win."""
+    out = tmp_path / "r"
+    assert main(["run", "--strategy", "oracle", "--run-config", str(QUICK), "--out", str(out),
+                 "--set", "progress=false", "--set", "plot=false"]) == 0
+    first = json.loads((out / "summary.json").read_text())
+    assert main(["run", "--resume", str(out)]) == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert again["strategy"] == "oracle" and again["scenario"] == "mixture-swap"
+    assert again["resumed_after_round"] == first["rounds"] == again["rounds"]
+    assert main(["run", "--resume", str(out), "--strategy", "ifca"]) == 2   # not this run's
+    assert "strategy = 'oracle'; this run has strategy = 'ifca'" in capsys.readouterr().err
+
+
 def test_unknown_strategy_exits_2_and_lists_the_valid_ones(tmp_path, capsys):
     assert main(["run", "--strategy", "fedmagic", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
