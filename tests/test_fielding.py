@@ -236,7 +236,7 @@ def _client(scenario: str, cid: int, **overrides) -> StreamClient:
 
 def test_client_reports_on_registration_and_on_drift_only():
     client = _client("labels-small-large", sorted(_movers(5))[0])
-    cfg = {P.STEP: 1, fw.REP: "label", fw.METRIC: "l1", fw.EPS: 0.0}
+    cfg = {P.STEP: 1, fw.REP: "label", fw.METRIC: "l1", fw.EPS: 0.0, fw.REGISTER: False}
     first, _, _ = fcl.report(client, cfg, {})
     assert first[fw.DRIFTED] == 1 and first[fw.REGISTERED] == 1
     assert sum(first[fw.REP]) == pytest.approx(1.0)
@@ -254,7 +254,7 @@ def test_malicious_clients_permute_their_registration_vector_only():
     assert len(bad) == 6 and fcl.malicious_clients(n, 0.0, 0) == set()
     liar = min(bad)
     honest = min(set(range(n)) - bad)
-    cfg = {P.STEP: 1, fw.REP: "label", fw.METRIC: "l1", fw.EPS: 0.0}
+    cfg = {P.STEP: 1, fw.REP: "label", fw.METRIC: "l1", fw.EPS: 0.0, fw.REGISTER: False}
     for cid, lies in ((liar, True), (honest, False)):
         client = _client("labels-small-large", cid, **{"fielding.malicious-fraction": 0.2})
         sent = np.array(fcl.report(client, cfg, {})[0][fw.REP])

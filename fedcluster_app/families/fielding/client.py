@@ -10,6 +10,9 @@ it reported, kept in ``context.state``) and replies
   always reports; it then sets ``r_last <- r_now``;
 * ``fielding.drifted`` = 0 and no vector otherwise.
 
+The server sends every ``fielding.*`` key of the query (rep, metric, eps-drift, grad-layers,
+register); the client keeps no defaults of its own, so FieldingParams stays their one declaration.
+
 Representations (``fielding.rep``): ``label`` (p[y] = n(y)/n over the window), ``embedding`` (mean
 penultimate-layer features of the shared probe model) and ``gradient`` (gradient of the probe
 model's mean cross-entropy on the window: its last layer, or every layer with
@@ -85,7 +88,7 @@ def gradient_vector(client: StreamClient, config: dict, probe: list[np.ndarray])
     x, y = _window(client, config)
     model = scratch_model(client.exp.spec, probe)
     model.eval()
-    params = (list(model.classifier.parameters()) if config.get(GRAD_LAYERS, "last") == "last"
+    params = (list(model.classifier.parameters()) if config[GRAD_LAYERS] == "last"
               else list(model.parameters()))
     model.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(as_tensor(x)), as_tensor(y, np.int64))
@@ -94,7 +97,7 @@ def gradient_vector(client: StreamClient, config: dict, probe: list[np.ndarray])
 
 
 def representation(client: StreamClient, config: dict, probe: list[np.ndarray] | None) -> np.ndarray:
-    kind = str(config.get(REP, "label"))
+    kind = str(config[REP])
     if kind == "label":
         return label_vector(client, config)
     if probe is None:
@@ -109,7 +112,7 @@ def representation(client: StreamClient, config: dict, probe: list[np.ndarray] |
 def report(client: StreamClient, config: dict, models: Models):
     """Handler of ``query.fielding_rep`` (see the module docstring)."""
     state = client.state
-    kind = str(config.get(REP, "label"))
+    kind = str(config[REP])
     probe = None
     if models:  # the probe model, broadcast once
         probe = models[min(models)]
@@ -123,10 +126,10 @@ def report(client: StreamClient, config: dict, models: Models):
     if STATE_REP in state.array_records and STATE_INFO in state.config_records \
             and state.config_records[STATE_INFO].get("kind") == kind:
         last = P.unpack_arrays(state.array_records[STATE_REP])[0]
-    registering = bool(config.get(REGISTER, False)) or last is None
-    metric = str(config.get(METRIC, "l1"))
+    registering = bool(config[REGISTER]) or last is None
+    metric = str(config[METRIC])
     drifted = registering or last.shape != r_now.shape or \
-        core.distance(r_now, last, metric) > float(config.get(EPS, 0.0))
+        core.distance(r_now, last, metric) > float(config[EPS])
     if not drifted:
         return {DRIFTED: 0}, {}, {}
     state[STATE_REP] = P.pack_arrays([r_now.astype(np.float64)])
