@@ -96,18 +96,19 @@ def make_strategy(name: str, *, run_config: Mapping[str, ConfigValue] | None = N
     base = default_run_config()
     config = dict(run_config or {})
     config["strategy"] = name
-    table = cls.Params.table
-    own = {f.replace("-", "_") for f in cls.Params.keys()}
     for key, value in kwargs.items():
+        own = cls.Params.key_for(key)
         dashed = key.replace("_", "-")
-        if key in own or dashed in cls.Params.keys():
-            config[f"{table}.{dashed}"] = value
+        if own is not None:
+            config[f"{cls.Params.table}.{own}"] = value
         elif dashed in base:
             config[dashed] = value
         else:
-            valid = sorted(own) + sorted(k.replace("-", "_") for k in base if "." not in k)
-            raise ConfigError(f"{name}: unknown keyword {key!r}{suggest(key, valid)}; valid: its "
-                              f"hyper-parameters ({', '.join(sorted(own)) or 'none'}) or a "
-                              f"run-config key ({', '.join(valid[len(own):])})")
+            own_names = sorted(cls.Params.names())
+            run_names = sorted(k.replace("-", "_") for k in base if "." not in k)
+            raise ConfigError(f"{name}: unknown keyword {key!r}"
+                              f"{suggest(key, own_names + run_names)}; valid: its "
+                              f"hyper-parameters ({', '.join(own_names) or 'none'}) or a "
+                              f"run-config key ({', '.join(run_names)})")
     merged = merge_overrides(base, config)
     return build_strategy(load_experiment(merged, server=True))

@@ -34,6 +34,16 @@ def test_make_strategy_configures_by_keyword():
     assert ifca.cfg.num_clusters == 3 and ifca.exp.scenario.name == "mixture-prior"
 
 
+def test_a_field_whose_key_is_not_its_name_takes_either():
+    # FedSoft's proximal coefficient: field ``lam``, run-config key ``lambda`` (a Python keyword)
+    assert make_strategy("fedsoft", lam=0.5).params.lam == 0.5
+    assert make_strategy("fedsoft", **{"lambda": 0.25}).params.lam == 0.25
+    with pytest.raises(ConfigError, match=r"fedsoft\.lambda must be >= 0, got -1"):
+        make_strategy("fedsoft", lam=-1)
+    with pytest.raises(ConfigError, match=r"'lamb' \(did you mean 'lam'\?\)"):
+        make_strategy("fedsoft", lamb=0.5)
+
+
 def test_every_strategy_class_is_importable_by_name():
     for name, cls in api.STRATEGIES.items():
         assert getattr(api, cls.__name__) is cls and cls.__name__ in api.__all__

@@ -7,10 +7,11 @@
 
 Each field's run-config key is its name with ``-`` for ``_`` (``key=`` when it differs, e.g. a
 Python keyword). One routine, :func:`check_value`, validates every field of every class when an
-instance is built, from a run-config table (:meth:`HParams.from_table`), from keywords
-(:meth:`HParams.from_kwargs`, the public API) or from a message (:meth:`HParams.from_message`,
-the client side). A bad value raises :class:`ConfigError` naming the table, the key, the value
-and what is allowed; an unknown key lists the valid ones and suggests the closest.
+instance is built, from a run-config table (:meth:`HParams.from_table`; the public API's
+keywords become table entries through :meth:`HParams.key_for`) or from a message
+(:meth:`HParams.from_message`, the client side). A bad value raises :class:`ConfigError`
+naming the table, the key, the value and what is allowed; an unknown key lists the valid ones
+and suggests the closest.
 The ``[tool.flwr.app.config.<table>]`` tables of ``pyproject.toml`` are tested against these
 classes, so the two cannot drift apart.
 """
@@ -146,6 +147,19 @@ class HParams:
         return [cls.key_of(f) for f in dataclasses.fields(cls)]
 
     @classmethod
+    def names(cls) -> list[str]:
+        """The fields' Python names (keywords of the public API, beside the keys)."""
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def key_for(cls, name: str) -> str | None:
+        """The run-config key of a field named by its Python name or by its key, else None."""
+        for f in dataclasses.fields(cls):
+            if name in (f.name, cls.key_of(f)):
+                return cls.key_of(f)
+        return None
+
+    @classmethod
     def describe(cls) -> list[tuple[str, ConfigValue, str, str]]:
         """``(key, default, allowed, description)`` of every field."""
         hints = get_type_hints(cls)
@@ -168,20 +182,6 @@ class HParams:
     def from_run_config(cls: type[T], raw: Mapping[str, ConfigValue]) -> T:
         """From the ``<table>.*`` keys of a flat run config."""
         return cls.from_table(section(raw, cls.table))
-
-    @classmethod
-    def from_kwargs(cls: type[T], **kwargs: Any) -> T:
-        """From Python keywords (field names, ``_``) or run-config keys (``-``)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        by_key = {cls.key_of(f): f.name for f in dataclasses.fields(cls)}
-        values = {}
-        for k, v in kwargs.items():
-            name = k if k in names else by_key.get(k)
-            if name is None:
-                raise ConfigError(f"unknown {cls.table} hyper-parameter {k!r}"
-                                  f"{suggest(k, sorted(names))}; valid: {', '.join(sorted(names))}")
-            values[name] = v
-        return cls(**values)
 
     # -- the wire ----------------------------------------------------------------------------
     def to_table(self) -> dict[str, ConfigValue]:
