@@ -29,6 +29,14 @@ class Task:
     config: dict[str, Any] = field(default_factory=dict)
     personal: bool = False                             # use the model kept on the client
 
+    @classmethod
+    def min_loss(cls, ids: list[int]) -> Task | None:
+        """Every model of ``ids`` goes down and the client predicts with the one of lowest loss
+        on its adaptation split (one model: just that one); None when there is none."""
+        if not ids:
+            return None
+        return cls(models=list(ids), config={P.SELECT: "min-loss"} if len(ids) > 1 else {})
+
 
 @dataclass
 class Reply:

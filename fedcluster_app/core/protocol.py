@@ -61,6 +61,10 @@ class Protocol:
         """Time steps are 1-based and last ``rounds-per-step`` rounds each."""
         return (server_round - 1) // self.s.cfg.rounds_per_step + 1
 
+    def starts_step(self, server_round: int) -> bool:
+        """Round ``server_round`` is the first of its time step."""
+        return server_round == 1 or self.time_step(server_round - 1) != self.time_step(server_round)
+
     def evaluates(self, server_round: int) -> bool:
         return server_round % self.s.cfg.eval_every == 0 or server_round == self.s.num_rounds
 
@@ -155,7 +159,7 @@ class Protocol:
             labels = {c: s.cluster_label(c) for c in truth}
             out["ari"] = adjusted_rand([truth[c] for c in truth], [labels[c] for c in truth])
             out["concept_cluster_mass"] = self.concept_cluster_mass(truth)
-            if s.round == 1 or self.time_step(s.round - 1) != step:
+            if self.starts_step(s.round):
                 # a drift happens when a step brings data of another concept: count it once
                 before = {c: s.concept_for_metrics(c, step - 1) for c in truth}
                 out["drifted_clients"] = sum(

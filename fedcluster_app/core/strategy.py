@@ -275,10 +275,7 @@ class ClusteredStrategy(Strategy):
     def global_eval_task(self, cid: int) -> Task | None:
         """How a held-out client is scored: every model goes down and the client predicts with
         the one of lowest loss on its adaptation split; None = not scored."""
-        ids = sorted(self.models)
-        if not ids:
-            return None
-        return Task(models=ids, config={P.SELECT: "min-loss"} if len(ids) > 1 else {})
+        return Task.min_loss(sorted(self.models))
 
     def check_reply(self, kind: str, reply: Reply) -> None:
         """Strategy-specific checks of a reply that passed the generic ones; raise
@@ -584,8 +581,8 @@ class ClusteredStrategy(Strategy):
             self.on_start()
         for rnd in range(self.round + 1, total + 1):
             step = self.protocol.time_step(rnd)
-            new_step = rnd == 1 or self.protocol.time_step(rnd - 1) != step
-            last_of_step = rnd == total or self.protocol.time_step(rnd + 1) != step
+            new_step = self.protocol.starts_step(rnd)
+            last_of_step = rnd == total or self.protocol.starts_step(rnd + 1)
             self._round_stats = self._fresh_stats()
             self.protocol.start_round(rnd)
             t_round = time.monotonic()

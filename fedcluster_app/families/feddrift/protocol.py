@@ -168,8 +168,10 @@ class TimeStepProtocol(Protocol):
         for cid in sorted(self.s.clients):
             models, config = [], {P.STEP: step}
             for m in active:
-                att = (steps if follows and self.s.clients[cid].cluster == m
-                       else [] if follows else self.attached_steps(cid, m, step, steps))
+                if follows:   # the client's whole window goes with it to its current model
+                    att = steps if self.s.clients[cid].cluster == m else []
+                else:
+                    att = self.attached_steps(cid, m, step, steps)
                 if att:
                     models.append(m)
                     config[f"{P.DATA_STEPS}.{m}"] = att

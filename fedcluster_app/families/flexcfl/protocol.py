@@ -155,10 +155,7 @@ class PaperProtocol(Protocol):
 
     def global_eval_task(self, cid: int) -> Task | None:
         hidden = self.snapshots | ({self.eval_w0_id} if self.eval_w0_id is not None else set())
-        ids = sorted(m for m in self.s.models if m not in hidden)
-        if not ids:
-            return None
-        return Task(models=ids, config={P.SELECT: "min-loss"} if len(ids) > 1 else {})
+        return Task.min_loss(sorted(m for m in self.s.models if m not in hidden))
 
     # -- reporting and state
     def round_metrics(self, evaluated: bool) -> dict[str, Any]:
