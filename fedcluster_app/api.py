@@ -43,7 +43,7 @@ globals().update({cls.__name__: cls for cls in _CLASSES})   # FedAvg, IFCA, FedD
 
 __all__ = ["ClusteredResult", "ClusteredStrategy", "ConfigError", "HParams", "STRATEGIES",
            "UnknownStrategy", "build_scenario", "build_strategy", "default_run_config",
-           "hyperparameter_tables",
+           "hyperparameter_tables", "hyperparameter_users",
            "list_scenarios",
            "list_strategies", "make_strategy", "scenario_names", "strategy_class",
            *sorted(cls.__name__ for cls in _CLASSES)]
@@ -71,18 +71,24 @@ def list_strategies() -> list[tuple[str, str]]:
     return sorted((name, cls.description) for name, cls in STRATEGIES.items())
 
 
-def hyperparameter_tables() -> str:
-    """Every strategy's hyper-parameter table, in the order of the families, as
-    ``[tool.flwr.app.config.<table>]`` sections of pyproject.toml (which holds exactly this)."""
+def hyperparameter_users() -> dict[type[HParams], list[str]]:
+    """Every hyper-parameter class with a run-config table and the strategies that read it,
+    in the order of the families."""
     users: dict[type[HParams], list[str]] = {}
     for cls in _CLASSES:
         if cls.Params.table:
             users.setdefault(cls.Params, []).append(cls.name)
+    return users
+
+
+def hyperparameter_tables() -> str:
+    """Every strategy's hyper-parameter table, in the order of the families, as
+    ``[tool.flwr.app.config.<table>]`` sections of pyproject.toml (which holds exactly this)."""
     def doc(params: type[HParams]) -> str:
         return f"docs/{params.__module__.split('.')[2]}.md"
 
     return "\n".join(toml_table(params, f"{', '.join(names)} (Dn: {doc(params)})")
-                     for params, names in users.items())
+                     for params, names in hyperparameter_users().items())
 
 
 def make_strategy(name: str, *, run_config: Mapping[str, ConfigValue] | None = None,

@@ -85,7 +85,7 @@ def _resumed_config(run_dir: Path) -> dict:
     """The run config a run directory was started with (its summary.json), so that
     ``--resume DIR`` alone continues that run; empty when there is none to read."""
     summary = run_dir / "summary.json"
-    if run_dir.is_dir() and summary.is_file():
+    if summary.is_file():
         try:
             saved = json.loads(summary.read_text()).get("config") or {}
         except ValueError:
@@ -148,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from fedcluster_app.api import (STRATEGIES, hyperparameter_tables, list_scenarios,
+    from fedcluster_app.api import (hyperparameter_tables, hyperparameter_users, list_scenarios,
                                     list_strategies)
     from fedcluster_app.launcher import load_profiles
 
@@ -169,17 +169,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         sections.append(("run-config keys and defaults",
                          [(k, repr(v)) for k, v in default_run_config().items() if "." not in k]))
     if args.what in ("all", "params"):
-        tables: dict[str, list[str]] = {}
-        for name, cls in sorted(STRATEGIES.items()):
-            tables.setdefault(cls.Params.table, []).append(name)
-        for table, names in sorted(tables.items()):
-            if not table:
-                continue
-            params = STRATEGIES[names[0]].Params
+        for params, names in sorted(hyperparameter_users().items(), key=lambda u: u[0].table):
+            table = params.table
             rows = [(f"{table}.{key}", f"{default!r} ({allowed}): {doc}")
                     for key, default, allowed, doc in params.describe()]
-            sections.append((f"hyper-parameters of {', '.join(names)} (--set {table}.<key>=...)",
-                             rows))
+            sections.append((f"hyper-parameters of {', '.join(sorted(names))} "
+                             f"(--set {table}.<key>=...)", rows))
     for title, rows in sections:
         print(f"{title}:")
         width = max(len(name) for name, _ in rows)
