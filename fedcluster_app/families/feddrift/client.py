@@ -188,7 +188,7 @@ def ensemble(client: StreamClient, config: dict, models: Models):
     score = np.zeros((len(y), client.exp.scenario.num_classes))
     for i, w in zip(ids, weights):
         proba = model_proba(client, models[i], masked(x, config, i), config)
-        if config.get(ENS_VOTE, "hard") == "hard":
+        if config[ENS_VOTE] == "hard":   # the server always says which vote
             score[np.arange(len(y)), proba.argmax(axis=1)] += w
         else:
             score += w * proba
