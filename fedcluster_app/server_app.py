@@ -12,11 +12,10 @@ from flwr.serverapp import Grid, ServerApp
 from fedcluster_app.api import build_strategy
 from fedcluster_app.core.config import ConfigValue
 from fedcluster_app.core.experiment import load_experiment
-from fedcluster_app.core.strategy import resolve_out_dir
 
 app = ServerApp()
 
-__all__ = ["app", "resolve_out_dir", "run_server"]
+__all__ = ["app", "run_server"]
 
 
 def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
@@ -32,7 +31,7 @@ def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
         strategy.load_checkpoint(Path(exp.cfg.resume_from))
         log(INFO, "resuming %s after round %d (%s)", strategy.name, strategy.round,
             exp.cfg.resume_from)
-    return strategy.run(grid, resolve_out_dir(exp.cfg.raw))
+    return strategy.run(grid)   # results in the run config's out-dir
 
 
 @app.main()
