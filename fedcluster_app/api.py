@@ -15,6 +15,11 @@ ServerApp's ``context.run_config``), which the keywords override. An unknown nam
 valid ones and suggests the closest; an unknown, mistyped or out-of-range keyword is a
 :class:`ConfigError` that names it. Nothing is sent before the strategy is built.
 
+Your own strategy subclasses :class:`ClusteredStrategy` (hooks such as ``plan_train`` and
+``on_train_replies``; ``Task``, ``weighted_average``) with typed hyper-parameters (a frozen
+dataclass of :func:`param` fields under ``HParams`` with a ``table``), and runs by import path:
+``strategy = "package.module:Class"``, its keys set as ``--set <table>.<key>=...``.
+
 The strategy classes are importable from here by their class names (``FedAvg``, ``IFCA``,
 ``FedDrift``, ``Fielding``, ``FlexCFL``, ``FedRC``, ``FedCCFA``, ...); ``STRATEGIES`` maps
 run-config names to them. Clients must run fedcluster's ClientApp (``fedcluster_app.client_app``),
@@ -23,6 +28,7 @@ which answers the message kinds the strategies send.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,8 +37,10 @@ from fedcluster_app.core.config import (ConfigError, ConfigValue, default_run_co
                                         merge_overrides)
 from fedcluster_app.core.data import build_scenario, list_scenarios, scenario_names
 from fedcluster_app.core.experiment import Experiment, load_experiment
-from fedcluster_app.core.hparams import HParams, suggest, toml_table
-from fedcluster_app.core.strategy import ClusteredResult, ClusteredStrategy
+from fedcluster_app.core.hparams import HParams, param, suggest, toml_table
+from fedcluster_app.core.plugins import import_object, is_import_path
+from fedcluster_app.core.strategy import (ClusteredResult, ClusteredStrategy, Task,
+                                          weighted_average)
 
 _CLASSES = families.strategy_classes()
 
@@ -45,7 +53,8 @@ __all__ = ["ClusteredResult", "ClusteredStrategy", "ConfigError", "HParams", "ST
            "UnknownStrategy", "build_scenario", "build_strategy", "default_run_config",
            "hyperparameter_tables", "hyperparameter_users",
            "list_scenarios",
-           "list_strategies", "make_strategy", "scenario_names", "strategy_class",
+           "list_strategies", "load_strategy", "make_strategy", "param", "run_config_defaults", "scenario_names", "strategy_class",
+           "Task", "weighted_average",
            *sorted(cls.__name__ for cls in _CLASSES)]
 
 
@@ -53,12 +62,50 @@ class UnknownStrategy(ConfigError):
     """A strategy name that is not registered; the message lists the valid ones."""
 
 
+def load_strategy(path: str) -> type:
+    """A user's strategy class, ``package.module:Class``: a subclass of the public base
+    (``fedcluster_app.api.ClusteredStrategy``) whose ``Params`` (if it has any fields) name
+    their run-config ``table``."""
+    try:
+        cls = import_object(path, "strategy")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not (isinstance(cls, type) and issubclass(cls, ClusteredStrategy)):
+        raise ConfigError(f"strategy: {path!r} is {cls!r}, not a subclass of "
+                          "fedcluster_app.api.ClusteredStrategy")
+    if dataclasses.fields(cls.Params) and not cls.Params.table:
+        raise ConfigError(f"strategy: {path!r}'s hyper-parameters {cls.Params.__name__} need a "
+                          "run-config table: set `table = \"<name>\"` on the class, then "
+                          "`--set <name>.<key>=...` sets them")
+    return cls
+
+
+def strategy_defaults(path: str) -> dict:
+    """The run-config keys (``<table>.<key>``) and defaults of a user's strategy's
+    hyper-parameters: the table ``pyproject.toml`` holds for the built-in strategies."""
+    params = load_strategy(path).Params
+    return {f"{params.table}.{key}": default for key, default, _, _ in params.describe()}
+
+
+def run_config_defaults(overrides: Mapping[str, ConfigValue] | None = None
+                        ) -> dict[str, ConfigValue]:
+    """Every run-config key and its default (``pyproject.toml``), plus the table of a user's
+    strategy when ``overrides`` name one: the base that overrides are merged into."""
+    strategy = (overrides or {}).get("strategy", "")
+    return {**default_run_config(),
+            **(strategy_defaults(str(strategy)) if is_import_path(strategy) else {})}
+
+
 def strategy_class(name: str) -> type[ClusteredStrategy]:
+    """A registered strategy by name, or a user's by import path (``package.module:Class``)."""
+    if is_import_path(name):
+        return load_strategy(name)
     try:
         return STRATEGIES[name]
     except KeyError:
         raise UnknownStrategy(f"unknown strategy {name!r}{suggest(str(name), sorted(STRATEGIES))}; "
-                              f"valid strategies: {', '.join(sorted(STRATEGIES))}") from None
+                              f"valid strategies: {', '.join(sorted(STRATEGIES))}, or your own as "
+                              "'package.module:Class'") from None
 
 
 def build_strategy(experiment: Experiment) -> ClusteredStrategy:
@@ -99,7 +146,7 @@ def make_strategy(name: str, *, run_config: Mapping[str, ConfigValue] | None = N
     NoParams()
     """
     cls = strategy_class(name)
-    base = default_run_config()
+    base = run_config_defaults({"strategy": name})
     config = dict(run_config or {})
     config["strategy"] = name
     for key, value in kwargs.items():

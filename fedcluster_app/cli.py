@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -115,14 +116,19 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedcluster_app.api import strategy_class
+    from fedcluster_app.api import run_config_defaults, strategy_class
     from fedcluster_app.core.experiment import load_experiment
     from fedcluster_app.core.strategy import resolve_out_dir
 
-    run_config = merge_overrides(default_run_config(), _overrides(args))
+    overrides = _overrides(args)
+    run_config = merge_overrides(run_config_defaults(overrides), overrides)
     # bad config fails here, before anything starts (a deployment's data live on its devices)
     exp = load_experiment(run_config, server=args.engine == "deployment")
     strategy_class(exp.cfg.strategy)
+    if args.engine != "deployment":   # the clients run on this machine: is the device there?
+        from fedcluster_app.core.models import resolve_device
+
+        resolve_device(exp.cfg.device)
     run_config["out-dir"] = str(resolve_out_dir(run_config))
     if args.engine == "inprocess":
         from fedcluster_app.engine import run_inprocess
@@ -241,6 +247,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.getLogger("flwr").setLevel(logging.INFO)
+    # a user's model, dataset or strategy module in the current directory imports, as with
+    # `python -m` (the console script's own directory is the venv's bin/)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report,
                     "deploy": cmd_deploy, "certs": cmd_certs, "keys": cmd_keys}

@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 from fedcluster_app import families
 from fedcluster_app.core import handlers
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.data.sources import is_node_spec
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.handlers import Handler
 from fedcluster_app.core.stream_client import StreamClient
@@ -34,10 +35,26 @@ def logical_client_id(context: Context) -> int:
 
 def make_client(context: Context) -> StreamClient:
     """This node's client. A SuperNode's ``data-dir`` node-config key (its local data) takes
-    precedence over the run config's."""
+    precedence over the run config's.
+
+    ``data-dir`` may also be a dataset file spec (``npz:PATH``, ``imagefolder:PATH``,
+    ``hf-disk:PATH``) for the ``dataset-*`` scenarios: that file is then this node's whole local
+    data, its shard. The node replaces the run config's ``dataset`` with it and samples it as
+    ``partition = iid`` without ``disjoint`` (its own class frequencies; test samples from its
+    own test split or held-out fraction). Set ``num-classes`` (and ``input-shape``) in the run
+    config so that every node and the server agree on the model even when a node lacks classes.
+    """
     run_config = context.run_config
     data_dir = context.node_config.get("data-dir")
-    if data_dir:
+    if data_dir and is_node_spec(data_dir):
+        scenario = str(run_config.get("scenario", "")).strip().lower()
+        if not scenario.startswith("dataset-"):
+            raise ValueError(f"node-config data-dir {data_dir!r} is a dataset file, which only the "
+                             f"dataset-* scenarios read; scenario {scenario!r} reads a directory "
+                             f"(or nothing)")
+        run_config = {**run_config, "dataset": str(data_dir).strip(), "partition": "iid",
+                      "disjoint": False}
+    elif data_dir:
         if not Path(str(data_dir)).is_dir():
             raise FileNotFoundError(f"node-config data-dir {data_dir!r} is not a directory")
         run_config = {**run_config, "data-dir": str(data_dir)}

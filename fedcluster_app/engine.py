@@ -16,7 +16,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedcluster_app.client_app import app as default_client_app
-from fedcluster_app.core.config import ConfigValue, default_run_config, merge_overrides
+from fedcluster_app.core.config import ConfigValue, merge_overrides
 
 ClientAppFn = Callable[[Message, Context], Message]
 
@@ -103,8 +103,14 @@ def run_inprocess(
     from fedcluster_app.core.experiment import load_experiment
     from fedcluster_app.server_app import run_server
 
-    run_config = merge_overrides(default_run_config(), dict(overrides or {}))
+    from fedcluster_app.core.models import resolve_device
+
+    from fedcluster_app.api import run_config_defaults
+
+    run_config = merge_overrides(run_config_defaults(overrides), dict(overrides or {}))
+    exp = load_experiment(run_config)
+    resolve_device(exp.cfg.device)   # the clients run here: a missing GPU fails before round 1
     if num_nodes is None:
-        num_nodes = load_experiment(run_config).scenario.num_clients
+        num_nodes = exp.scenario.num_clients
     grid = grid_cls(run_config, num_nodes, client_app=client_app)
     return run_server(grid, run_config)

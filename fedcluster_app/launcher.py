@@ -24,6 +24,8 @@ import tomllib
 from pathlib import Path
 
 from fedcluster_app.core.config import ConfigValue
+from fedcluster_app.core.hparams import toml_table
+from fedcluster_app.core.plugins import is_import_path, module_files
 from fedcluster_app.core.project_files import PACKAGE_DIR, project_file
 
 FLWR_PROFILES_FILE = "pyproject-flwr.toml"
@@ -48,13 +50,38 @@ def profile(name: str) -> tuple[str, dict]:
     raise ValueError(f"unknown federation {name!r}; valid: {', '.join(valid)}")
 
 
-def stage_app(dest: Path) -> Path:
-    """Copy the app (package + pyproject.toml) into ``dest``: only what the FAB needs."""
+def stage_app(dest: Path, run_config: dict[str, ConfigValue] | None = None) -> Path:
+    """Copy the app (package + pyproject.toml) into ``dest``: only what the FAB needs.
+
+    A user's model, dataset or strategy module that is a file of their project (not
+    installed) travels inside the FAB too, so the Ray workers and SuperNodes import it; a
+    user's strategy's hyper-parameter table is added to the staged pyproject.toml, because
+    ``flwr run`` accepts only keys the app declares."""
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy(project_file("pyproject.toml"), dest / "pyproject.toml")
+    text = project_file("pyproject.toml").read_text()
+    plugins = [str(v) for k, v in (run_config or {}).items()
+               if k in PLUGIN_KEYS and is_import_path(v)]
+    strategy = str((run_config or {}).get("strategy", ""))
+    if is_import_path(strategy):
+        from fedcluster_app.api import load_strategy
+
+        params = load_strategy(strategy).Params
+        if params.table:
+            text += "\n" + toml_table(params, f"your strategy {strategy}") + "\n"
+    (dest / "pyproject.toml").write_text(text)
     shutil.copytree(PACKAGE_DIR, dest / PACKAGE_DIR.name,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for plugin in plugins:
+        for source, relative in module_files(plugin):
+            if relative.split("/")[0] == PACKAGE_DIR.name:
+                continue
+            (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source, dest / relative)
     return dest
+
+
+#: run-config keys that may name a user's module
+PLUGIN_KEYS = ("model", "dataset", "strategy")
 
 
 # ------------------------------------------------------------------------------ processes
@@ -196,7 +223,7 @@ def submit_and_wait(
     federation_config: str | None = None,
 ) -> None:
     """``flwr run`` the staged app on ``connection``, stream its log, raise unless it completed."""
-    app_dir = stage_app(home / "app")
+    app_dir = stage_app(home / "app", run_config)
     rc_file = write_run_config(run_config, home / "run-config.toml")
     cmd = [_bin("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", str(rc_file)]
     if federation_config:

@@ -40,6 +40,32 @@ def test_three_supernodes_run_a_clustered_strategy(tmp_path):
     assert sorted(checkpoint_clients(tmp_path / "out")) == [0, 1, 2]
 
 
+def test_each_supernode_reads_its_own_npz_file(tmp_path):
+    """Every device holds its own data: node k's `data-dir` is its own .npz file. The server
+    cannot read any of them and builds the models from num-classes and input-shape."""
+    import numpy as np
+
+    configs = []
+    centres = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 4.0]])
+    for k in range(3):
+        rng = np.random.default_rng(k)
+        y = rng.integers(0, 3, 240)
+        x = (centres[y] + rng.normal(0.0, 0.5, (240, 2))).astype(np.float32)
+        np.savez(tmp_path / f"node{k}.npz", x=x, y=y)
+        configs.append({"client-id": k, "data-dir": f"npz:{tmp_path / f'node{k}.npz'}"})
+    run = small_run(tmp_path / "out", **{
+        "strategy": "fedavg", "scenario": "dataset-permute", "num-steps": 2,
+        "samples-per-step": 60, "test-samples": 30, "local-steps": 40, "num-classes": 3,
+        "input-shape": "2",
+        "dataset": f"npz:{tmp_path / 'on-the-devices-only.npz'}"})
+    with LocalDeployment(tmp_path / "dep", node_configs=configs) as dep:
+        run_on_deployment(run, dep.connection())
+    summary, rounds = load_run(tmp_path / "out")
+    assert summary["status"] == "completed" and summary["failures"] == 0
+    assert all(r["evaluated_clients"] == 3 for r in rounds)
+    assert rounds[0]["accuracy"] > 0.8                 # three separable blobs, chance 1/3
+
+
 def test_tls_and_supernode_authentication_refuse_an_unregistered_node(tmp_path):
     with LocalDeployment(tmp_path / "dep", num_nodes=2, tls=True, auth=True) as dep:
         stranger, _ = make_node_keys(tmp_path / "stranger", "key")   # never registered

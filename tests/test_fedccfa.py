@@ -180,7 +180,7 @@ def test_bad_hyper_parameters_fail_before_the_first_round(tmp_path, key, value, 
 
 def test_model_without_a_separable_head_is_refused(tmp_path):
     for cls in (FedCCFA, FedRep, FedBABU):
-        with pytest.raises(ConfigError, match=r"separable classifier head.*'cnn'.*'mlp' with hidden > 0"):
+        with pytest.raises(ConfigError, match=r"needs a `features` submodule.*\"cnn\".*\"mlp\" with hidden > 0"):
             cls(experiment(tmp_path, hidden=0))        # digits + mlp without hidden layer
     FedCCFA(experiment(tmp_path, model="cnn"))   # supported
     assert experiment(tmp_path, hidden=0).spec.hidden == 0

@@ -9,19 +9,36 @@ with a message that names the key instead of somewhere inside round 7.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedcluster_app.core.plugins import is_import_path
 from fedcluster_app.core.project_files import project_file
+
+# checked here, resolved to a torch device by models.resolve_device (this module avoids torch)
+DEVICE_RULE = "'auto', 'cpu', 'cuda' or 'cuda:N'"
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def is_device_name(device: str) -> bool:
+    return bool(_DEVICE.match(str(device)))
 
 ConfigValue = bool | int | float | str
 
 
 class ConfigError(ValueError):
     """A run-config value is invalid; the message names the key."""
+
+
+def suggest(name: str, valid: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest valid name, or nothing."""
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def default_run_config() -> dict[str, ConfigValue]:
@@ -56,12 +73,17 @@ def parse_assignment(text: str) -> tuple[str, ConfigValue]:
 def merge_overrides(
     base: dict[str, ConfigValue], overrides: dict[str, ConfigValue]
 ) -> dict[str, ConfigValue]:
-    """Overrides may only set keys that exist, and keep the declared type (as ``flwr run``)."""
+    """Overrides may only set keys that exist, and keep the declared type (as ``flwr run``).
+    A user's strategy brings its own keys: ``api.run_config_defaults`` gives the base."""
     merged = dict(base)
     for key, value in overrides.items():
         if key not in base:
+            table = key.rsplit(".", 1)[0] + "." if "." in key else ""
+            near = sorted(k for k in base if k.startswith(table) and ("." in k) == bool(table))
             raise ConfigError(
-                f"unknown run-config key {key!r}; valid keys: {', '.join(sorted(base))}"
+                f"unknown run-config key {key!r}{suggest(key, sorted(base))}; valid "
+                f"{'keys of ' + table[:-1] if table and near else 'keys'}: "
+                f"{', '.join(near or sorted(base))}"
             )
         merged[key] = _coerce(key, value, base[key])
     return merged
@@ -121,9 +143,17 @@ class RunConfig:
     drift_step: int
     dirichlet_alpha: float
     data_dir: str
+    dataset: str
+    partition: str
+    disjoint: bool
+    classes_per_client: int
+    test_fraction: float
+    num_classes: int
+    input_shape: str
     model: str
     hidden: int
     init: str
+    device: str
     train: TrainConfig
     fraction_train: float
     fraction_evaluate: float
@@ -155,6 +185,13 @@ class RunConfig:
             drift_step=self.drift_step,
             dirichlet_alpha=self.dirichlet_alpha,
             data_dir=self.data_dir,
+            dataset=self.dataset,
+            partition=self.partition,
+            disjoint=self.disjoint,
+            classes_per_client=self.classes_per_client,
+            test_fraction=self.test_fraction,
+            num_classes=self.num_classes,
+            input_shape=self.input_shape,
         )
 
 
@@ -198,7 +235,10 @@ def validate(cfg: RunConfig) -> None:
         (cfg.test_samples >= 0, f"test-samples must be >= 0, got {cfg.test_samples}"),
         (cfg.window >= 1, f"window must be >= 1 step, got {cfg.window}"),
         (cfg.hidden >= 0, f"hidden must be >= 0, got {cfg.hidden}"),
-        (cfg.model in ("", "mlp", "cnn"), f"model must be '', 'mlp' or 'cnn', got {cfg.model!r}"),
+        (cfg.model in ("", "mlp", "cnn") or is_import_path(cfg.model),
+         f"model must be '', 'mlp', 'cnn' or 'package.module:callable' (your own model), got "
+         f"{cfg.model!r}"),
+        (is_device_name(cfg.device), f"device must be {DEVICE_RULE}, got {cfg.device!r}"),
         (cfg.init in ("torch", "normal"), f"init must be 'torch' or 'normal', got {cfg.init!r}"),
         (t.optimizer in ("adam", "sgd"), f"optimizer must be 'adam' or 'sgd', got {t.optimizer!r}"),
         (_positive(t.lr), f"lr must be a positive finite number, got {t.lr}"),
@@ -222,6 +262,7 @@ def validate(cfg: RunConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    _validate_data_keys(cfg)
     if cfg.schedule and not Path(cfg.schedule).is_file():
         from fedcluster_app.core.data.schedules import bundled_schedule_names
 
@@ -230,6 +271,30 @@ def validate(cfg: RunConfig) -> None:
                 f"schedule file not found: {cfg.schedule} (or name a bundled FedDrift "
                 f"schedule: {', '.join(bundled_schedule_names())})"
             )
+
+
+def _validate_data_keys(cfg: RunConfig) -> None:
+    """The user-data and partition keys (their meaning: ``core/data/sources.py``,
+    ``core/data/partition.py``); whether the scenario reads them is checked when it is built."""
+    from fedcluster_app.core.data.partition import PARTITIONS
+    from fedcluster_app.core.data.scenarios import input_shape_arg
+    from fedcluster_app.core.data.sources import parse_dataset_spec
+
+    if cfg.partition not in ("", *PARTITIONS):
+        raise ConfigError(f"partition must be '' (the scenario's default), "
+                          f"{', '.join(repr(p) for p in PARTITIONS)}, got {cfg.partition!r}")
+    if cfg.classes_per_client < 1:
+        raise ConfigError(f"classes-per-client must be >= 1, got {cfg.classes_per_client}")
+    if not 0.0 < cfg.test_fraction < 1.0:
+        raise ConfigError(f"test-fraction must be in (0, 1), got {cfg.test_fraction}")
+    if cfg.num_classes < 0 or cfg.num_classes == 1:
+        raise ConfigError(f"num-classes must be 0 (from the data) or >= 2, got {cfg.num_classes}")
+    for check, value in ((parse_dataset_spec, cfg.dataset), (input_shape_arg, cfg.input_shape)):
+        if str(value).strip():
+            try:
+                check(value)
+            except ValueError as exc:  # the message names the key
+                raise ConfigError(str(exc)) from None
 
 
 def _positive(x: float) -> bool:

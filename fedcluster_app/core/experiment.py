@@ -9,7 +9,7 @@ from pathlib import Path
 from fedcluster_app.core.config import ConfigValue, RunConfig, parse_run_config
 from fedcluster_app.core.data import Scenario, build_scenario
 from fedcluster_app.core.data.scenarios import METADATA_ONLY
-from fedcluster_app.core.models import ModelSpec
+from fedcluster_app.core.models import ModelSpec, check_model
 
 
 @dataclass(frozen=True)
@@ -41,4 +41,7 @@ def _load(items: tuple[tuple[str, ConfigValue], ...], server: bool) -> Experimen
     if server and not (kwargs["data_dir"] and Path(str(kwargs["data_dir"])).is_dir()):
         kwargs["data_dir"] = METADATA_ONLY
     scenario = build_scenario(cfg.scenario, **kwargs)
-    return Experiment(cfg, scenario, model_spec(cfg, scenario))
+    spec = model_spec(cfg, scenario)
+    if spec.custom:
+        check_model(spec)   # a user's model: import, output shape and weights, before round 1
+    return Experiment(cfg, scenario, spec)

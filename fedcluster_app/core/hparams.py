@@ -19,13 +19,12 @@ classes, so the two cannot drift apart.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar, get_type_hints
 
-from fedcluster_app.core.config import ConfigError, ConfigValue, section
+from fedcluster_app.core.config import ConfigError, ConfigValue, section, suggest
 
 T = TypeVar("T", bound="HParams")
 _TYPES = (bool, int, float, str)
@@ -40,12 +39,6 @@ def param(default: ConfigValue, doc: str, *, ge: float | None = None, gt: float 
     meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "choices": choices, "key": key,
             "allow_inf": allow_inf, "lower": lower}
     return dataclasses.field(default=default, metadata=meta)
-
-
-def suggest(name: str, valid: list[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest valid name, or nothing."""
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def rule(meta: Mapping[str, Any], kind: type) -> str:

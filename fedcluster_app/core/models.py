@@ -1,12 +1,20 @@
-"""Models: an MLP for tabular data and a small CNN for images, chosen by the scenario.
+"""Models: an MLP for tabular data and a small CNN for images, chosen by the scenario, or the
+user's own.
 
-Both split into ``features`` (the body) and ``classifier`` (the last linear layer), because
-FedCCFA, FedRep and FedBABU train or share the two parts differently. Weights travel as a list
-of NumPy arrays in ``state_dict`` order; ``ModelSpec`` is everything needed to rebuild a model.
+``model = "module:callable"`` names a user's model: ``callable(input_shape, num_classes)``
+returns a ``torch.nn.Module`` whose output is ``(batch, num_classes)`` logits. Any such module
+works with the strategies that exchange whole models. The personalised ones (FedCCFA, FedRep,
+FedBABU, Flash) and Fielding's representations also need the two parts told apart, as the
+built-in models have them: a ``features`` submodule (the body, with parameters) and a
+``classifier`` submodule that is one ``nn.Linear`` on its output. Weights travel as a list of
+NumPy arrays in ``state_dict`` order (buffers such as BatchNorm statistics included);
+``ModelSpec`` is everything needed to rebuild a model.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -14,18 +22,28 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedcluster_app.core.config import DEVICE_RULE, is_device_name
+from fedcluster_app.core.plugins import import_object, is_import_path
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ModelSpec:
-    kind: str                       # "mlp" | "cnn"
+    kind: str                       # "mlp" | "cnn" | "module:callable" (a user's model)
     input_shape: tuple[int, ...]
     num_classes: int
     hidden: int = 0                 # MLP hidden width (0 = multinomial logistic regression)
     init: str = "torch"             # torch: PyTorch's defaults | normal: N(0, 1/fan_in), bias 0
 
+    @property
+    def custom(self) -> bool:
+        return self.kind not in MODEL_KINDS
+
     def __post_init__(self) -> None:
-        if self.kind not in MODEL_KINDS:
-            raise ValueError(f"unknown model {self.kind!r}; valid: {', '.join(MODEL_KINDS)}")
+        if self.custom and not is_import_path(self.kind):
+            raise ValueError(f"unknown model {self.kind!r}; valid: {', '.join(MODEL_KINDS)} or "
+                             "'package.module:callable' (your own)")
         if self.init not in INITS:
             raise ValueError(f"unknown init {self.init!r}; valid: {', '.join(INITS)}")
         if self.kind == "cnn" and len(self.input_shape) != 3:
@@ -73,12 +91,54 @@ MODEL_KINDS = ("mlp", "cnn")
 INITS = ("torch", "normal")
 
 
+def _user_model(spec: ModelSpec) -> nn.Module:
+    factory = import_object(spec.kind, "model")
+    if not callable(factory):
+        raise ValueError(f"model: {spec.kind!r} is a {type(factory).__name__}, not a callable")
+    try:
+        inspect.signature(factory).bind(spec.input_shape, spec.num_classes)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"model: {spec.kind!r} must accept (input_shape, num_classes): {exc}"
+                         ) from None
+    model = factory(spec.input_shape, spec.num_classes)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model: {spec.kind!r} returned a {type(model).__name__}, expected a "
+                         "torch.nn.Module")
+    return model
+
+
+def check_model(spec: ModelSpec) -> None:
+    """Build the model once and push a zero batch through it: an import error, a wrong return
+    type, an output that is not ``(batch, num_classes)`` or weights that are not numbers fail
+    here, before any message is sent, with the run-config key named."""
+    model = build_model(spec, 0)
+    if not any(True for _ in model.parameters()):
+        raise ValueError(f"model: {spec.kind!r} has no trainable parameters")
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros((2, *spec.input_shape)))
+    except Exception as exc:
+        raise ValueError(f"model: {spec.kind!r} fails on a batch of inputs of shape "
+                         f"{(2, *spec.input_shape)}: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, spec.num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"model: {spec.kind!r} outputs {got} for a batch of 2, expected (2, "
+                         f"{spec.num_classes}): one logit per class of the scenario")
+    for name, tensor in model.state_dict().items():
+        if not (tensor.is_floating_point() or tensor.dtype in (torch.int64, torch.int32)):
+            raise ValueError(f"model: {spec.kind!r} has state {name!r} of dtype {tensor.dtype}; "
+                             "weights must be floating point (or integer buffers)")
+
+
 def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
     """A fresh model; with a seed, the same seed gives the same initial weights everywhere."""
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)
-        if spec.kind == "mlp":
+        if spec.custom:
+            model = _user_model(spec)
+        elif spec.kind == "mlp":
             model: nn.Module = MLP(int(np.prod(spec.input_shape)), spec.hidden, spec.num_classes)
         else:
             model = CNN(spec.input_shape, spec.num_classes)
@@ -91,15 +151,18 @@ def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
         return model
 
 
+SPLIT_CONTRACT = ("a `features` submodule with parameters and a `classifier` submodule that is "
+                  "one nn.Linear applied to its output")
+
+
 def split_model(model: nn.Module) -> tuple[nn.Module, nn.Linear]:
     """``(features, classifier)``: the feature extractor (with parameters) and the linear
     classifier that personalised strategies (FedCCFA, FedRep, FedBABU) train apart."""
     features = getattr(model, "features", None)
     head = getattr(model, "classifier", None)
-    if not isinstance(head, nn.Linear) or features is None or not any(
+    if not isinstance(head, nn.Linear) or not isinstance(features, nn.Module) or not any(
             True for _ in features.parameters()):
-        raise ValueError("this model has no separable classifier head (a feature extractor with "
-                         "parameters followed by a linear classifier)")
+        raise ValueError(f"this model has no separable classifier head: it needs {SPLIT_CONTRACT}")
     return features, head
 
 
@@ -129,15 +192,46 @@ def weight_shapes(spec: ModelSpec) -> tuple[tuple[int, ...], ...]:
 
 
 @lru_cache(maxsize=8)
-def _scratch_model(spec: ModelSpec) -> nn.Module:
-    return build_model(spec, 0)
+def _scratch_model(spec: ModelSpec, device: str) -> nn.Module:
+    return build_model(spec, 0).to(device)
 
 
-def scratch_model(spec: ModelSpec, weights: list[np.ndarray]) -> nn.Module:
-    """A cached module of this spec loaded with ``weights`` (saves rebuilding it per message).
+def scratch_model(spec: ModelSpec, weights: list[np.ndarray], device: str = "cpu") -> nn.Module:
+    """A cached module of this spec on ``device`` loaded with ``weights`` (saves rebuilding it
+    per message).
 
     Callers must not keep it across calls: the next call overwrites its weights.
     """
-    model = _scratch_model(spec)
+    model = _scratch_model(spec, str(device))
     set_weights(model, weights)
     return model
+
+
+# ------------------------------------------------------------------------------- devices
+_fallback_logged = False
+
+
+def resolve_device(device: str) -> str:
+    """The torch device a client trains on. ``auto``: the first GPU this process sees (under
+    Ray, the one its ``num-gpus`` share gives it), else the CPU with one log line. ``cuda`` or
+    ``cuda:N`` without that GPU is an error, never a silent fallback."""
+    global _fallback_logged
+    if not is_device_name(device):
+        raise ValueError(f"device must be {DEVICE_RULE}, got {device!r}")
+    if device == "cpu":
+        return "cpu"
+    available = torch.cuda.is_available()
+    count = torch.cuda.device_count() if available else 0
+    if device == "auto":
+        if count:
+            return "cuda:0"
+        if not _fallback_logged:
+            log.info("device = auto: no GPU visible to this process, training on the CPU")
+            _fallback_logged = True
+        return "cpu"
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    if index >= count:
+        seen = f"{count} GPU(s)" if count else "no GPU (torch.cuda.is_available() is False)"
+        raise ValueError(f"device = {device!r}, but this process sees {seen}; use device = "
+                         "'auto' to fall back to the CPU, or 'cpu'")
+    return f"cuda:{index}"

@@ -58,7 +58,8 @@ from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.experiment import Experiment
 from fedcluster_app.core.hparams import HParams, NoParams
 from fedcluster_app.core.messages import RejectedReply, Reply, Task, validate_reply
-from fedcluster_app.core.models import initial_weights, weight_shapes
+from fedcluster_app.core.models import (SPLIT_CONTRACT, build_model, initial_weights, split_model,
+                                        weight_shapes)
 from fedcluster_app.core.protocol import Protocol
 from fedcluster_app.core.results import RunRecorder, format_round_line
 
@@ -155,6 +156,17 @@ class ClusteredStrategy(Strategy):
         self.model_birth[mid] = self.round
         self.protocol.on_new_model(mid, created)
         return mid
+
+    def require_split_model(self) -> None:
+        """Strategies that treat the feature extractor and the classifier apart call this in
+        their constructor, so a model without the two parts fails before round 1."""
+        spec = self.exp.spec
+        try:
+            split_model(build_model(spec, 0))
+        except ValueError:
+            got = spec.kind + (f" with hidden={spec.hidden}" if spec.kind == "mlp" else "")
+            raise ConfigError(f"model: {self.name} needs {SPLIT_CONTRACT}; got {got} (built in: "
+                              "model = \"cnn\", or \"mlp\" with hidden > 0)") from None
 
     def initial_weights(self, salt: int = 0) -> Weights:
         """The run's common initialisation (salt 0, or the arrays given to ``start``), or
@@ -697,7 +709,8 @@ def resolve_out_dir(run_config: dict[str, Any], out_dir: str | Path | None = Non
     """``out_dir``, else the run config's ``out-dir``, else ``runs/<strategy>-<scenario>-s<seed>``."""
     out = str(out_dir or run_config.get("out-dir", "") or "")
     if not out:
-        out = f"runs/{run_config['strategy']}-{run_config['scenario']}-s{run_config['seed']}"
+        strategy = str(run_config["strategy"]).rsplit(":", 1)[-1]   # a user's: the class name
+        out = f"runs/{strategy}-{run_config['scenario']}-s{run_config['seed']}"
     return Path(out).expanduser().resolve()
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 from flwr.client import NumPyClient
+from torch import nn
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import TrainConfig
@@ -22,6 +23,7 @@ from fedcluster_app.core.models import (
     build_model,
     get_weights,
     initial_weights,
+    resolve_device,
     scratch_model,
     set_weights,
 )
@@ -51,6 +53,20 @@ class StreamClient(NumPyClient):
         self.client_id = client_id
         self.exp = experiment
         self.state = state
+        self.device = resolve_device(experiment.cfg.device)
+
+    # -- models on this client's device -------------------------------------------------------
+    def scratch(self, weights: list[np.ndarray]) -> nn.Module:
+        """The cached scratch module loaded with ``weights`` (do not keep it across calls)."""
+        return scratch_model(self.exp.spec, weights, self.device)
+
+    def fresh_model(self, seed: int | None = 0, weights: list[np.ndarray] | None = None
+                    ) -> nn.Module:
+        """A module of its own (safe to keep), on this client's device."""
+        model = build_model(self.exp.spec, seed).to(self.device)
+        if weights is not None:
+            set_weights(model, weights)
+        return model
 
     # -- data ---------------------------------------------------------------------------
     def train_data(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,14 +110,14 @@ class StreamClient(NumPyClient):
     def fit(self, parameters, config):
         mid = int(config.get("model-id", 0))
         x, y = self.fit_data(config, mid)
-        model = scratch_model(self.exp.spec, parameters)
+        model = self.scratch(parameters)
         loss = local_train(model, x, y, self.train_config(config), self.rng(int(config[P.ROUND]), mid))
         self._count("trained")
         return get_weights(model), len(y), {P.TRAIN_LOSS: loss}
 
     def evaluate(self, parameters, config):
         x, y = self.eval_data(config)
-        loss, acc = evaluate(scratch_model(self.exp.spec, parameters), x, y)
+        loss, acc = evaluate(self.scratch(parameters), x, y)
         return loss, len(y), {P.ACCURACY: acc}
 
     # -- extra calls the clustered strategies need ------------------------------------------
@@ -110,18 +126,14 @@ class StreamClient(NumPyClient):
         if len(weights) != len(models) or min(weights) < 0 or sum(weights) <= 0:
             raise ValueError(f"mixture weights {weights} do not fit {len(models)} models")
         x, y = self.eval_data(config)
-        nets = []
-        for w in models:
-            net = build_model(self.exp.spec)
-            set_weights(net, w)
-            nets.append(net)
+        nets = [self.fresh_model(None, w) for w in models]
         loss, acc = evaluate_mixture(nets, weights, x, y)
         return loss, len(y), {P.ACCURACY: acc}
 
     def losses(self, models: list[list[np.ndarray]], config: dict) -> tuple[list[float], list[float]]:
         """Loss and accuracy of every model on the training window (or ``data-steps``)."""
         x, y = self.fit_data(config, -2)
-        pairs = [evaluate(scratch_model(self.exp.spec, w), x, y) for w in models]
+        pairs = [evaluate(self.scratch(w), x, y) for w in models]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def label_histogram(self, step: int) -> np.ndarray:

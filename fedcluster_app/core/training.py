@@ -1,7 +1,8 @@
 """Local training and evaluation in PyTorch, shared by clients and benchmarks.
 
 Minibatch randomness comes from a NumPy generator the caller seeds from (seed, client, round,
-model), so a run is reproducible whichever process or engine executes the client.
+model), so a run is reproducible whichever process or engine executes the client. Data go to
+the device the model is on (``device`` in the run config), results come back as NumPy/floats.
 """
 
 from __future__ import annotations
@@ -28,14 +29,22 @@ def limit_threads() -> None:
         torch.set_num_threads(wanted)
 
 
-def as_tensor(a: np.ndarray, dtype=np.float32) -> torch.Tensor:
+def as_tensor(a: np.ndarray, dtype=np.float32, device: torch.device | str | None = None
+              ) -> torch.Tensor:
     """Scenario data are read-only (cached and shared); torch wants writable memory, so copy those."""
     a = np.ascontiguousarray(a, dtype=dtype)
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
+    t = torch.from_numpy(a if a.flags.writeable else a.copy())
+    return t if device is None or str(device) == "cpu" else t.to(device)
 
 
-def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    return as_tensor(x), as_tensor(y, np.int64)
+def device_of(model: nn.Module) -> torch.device:
+    """Where the model's parameters are (its inputs must go there too)."""
+    return next(model.parameters()).device
+
+
+def _tensors(x: np.ndarray, y: np.ndarray, device: torch.device | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    return as_tensor(x, device=device), as_tensor(y, np.int64, device)
 
 
 def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -79,18 +88,19 @@ def local_train(
     """
     if len(y) == 0:
         raise ValueError("no training data")
-    xt, yt = _tensors(x, y)
-    wt = None if sample_weights is None else as_tensor(sample_weights)
+    dev = device_of(model)
+    xt, yt = _tensors(x, y, dev)
+    wt = None if sample_weights is None else as_tensor(sample_weights, device=dev)
     model.train()
     opt = _optimizer(model, cfg)
     anchor = None
     if cfg.prox_mu > 0:
         anchor = ([p.detach().clone() for p in model.parameters()] if prox_center is None
-                  else [as_tensor(a) for a in prox_center])
+                  else [as_tensor(a, device=dev) for a in prox_center])
     total = 0.0
     batches = batch_indices(len(yt), cfg, rng)
     for idx in batches:
-        idx_t = torch.from_numpy(idx)
+        idx_t = torch.from_numpy(idx).to(dev)
         opt.zero_grad(set_to_none=True)
         if wt is None:
             loss = F.cross_entropy(model(xt[idx_t]), yt[idx_t])
@@ -108,12 +118,12 @@ def local_train(
 
 @torch.no_grad()
 def predict_proba(models: list[nn.Module], weights: list[float], x: np.ndarray) -> torch.Tensor:
-    """Class probabilities of a model, or of a mixture of models with the given weights."""
-    xt = as_tensor(x)
+    """Class probabilities (on the CPU) of a model, or of a mixture of models with the given
+    weights."""
     probs = None
     for model, w in zip(models, weights):
         model.eval()
-        p = F.softmax(model(xt), dim=1) * float(w)
+        p = F.softmax(model(as_tensor(x, device=device_of(model))), dim=1).cpu() * float(w)
         probs = p if probs is None else probs + p
     assert probs is not None
     return probs
@@ -122,9 +132,9 @@ def predict_proba(models: list[nn.Module], weights: list[float], x: np.ndarray) 
 @torch.no_grad()
 def sample_losses(model: nn.Module, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Per-sample cross-entropy of one model (eval mode), as float64."""
-    xt, yt = _tensors(x, y)
+    xt, yt = _tensors(x, y, device_of(model))
     model.eval()
-    return F.cross_entropy(model(xt), yt, reduction="none").double().numpy()
+    return F.cross_entropy(model(xt), yt, reduction="none").double().cpu().numpy()
 
 
 @torch.no_grad()
@@ -132,7 +142,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
     """(mean cross-entropy, accuracy) of one model on (x, y)."""
     if len(y) == 0:
         return float("nan"), float("nan")
-    xt, yt = _tensors(x, y)
+    xt, yt = _tensors(x, y, device_of(model))
     model.eval()
     logits = model(xt)
     loss = float(F.cross_entropy(logits, yt))

@@ -5,7 +5,9 @@ time step, the ground-truth concept and regenerate that (client, step)'s train/t
 deterministically from the scenario arguments, so clients never store data. See ``scenarios.py``
 for the families and drift patterns, ``schedules.py`` for FedDrift's ``.cp`` concept matrices and
 programmatic schedules, ``generators.py`` / ``drift.py`` for how concepts become data, and
-``loaders.py`` for local torchvision datasets (nothing is ever downloaded).
+``loaders.py`` for local torchvision datasets, ``sources.py`` for a user's own dataset (run-config
+key ``dataset``) and River's bundled tables, ``partition.py`` for how a pool is shared across
+clients (nothing is ever downloaded).
 """
 
 from fedcluster_app.core.data.loaders import load_image_dataset

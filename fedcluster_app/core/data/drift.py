@@ -131,11 +131,12 @@ class Realisation(Protocol):
 
 
 class TabularRealisation:
-    """Samples tabular concepts (objects with ``sample(n, rng)`` and ``dim``)."""
+    """Samples tabular concepts (objects with ``sample(n, rng)``, ``dim`` and optionally
+    ``num_classes``, 2 when absent: FedDrift's streams are binary, River's RBF is not)."""
 
     def __init__(self, concepts: Sequence[object]) -> None:
         self.concepts = list(concepts)
-        self.num_classes = 2
+        self.num_classes = max(int(getattr(c, "num_classes", 2)) for c in self.concepts)
         self.input_shape = (int(self.concepts[0].dim),)  # type: ignore[attr-defined]
 
     def sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int,

@@ -27,6 +27,13 @@ mixture-prior      0: client prior, 1: 90% of the mass on  first half          1
                    3<->4, 3: swap 5<->6 (FedCCFA groups)   groups, k % 10)
 *-rotate           0: upright, 1: rotated by 90 degrees    even k              1
 *-noise            0: clean, 1: + N(0, 0.5^2), clipped     even k              1
+*-permute          0: original, 1: labels y -> (y+1) % C   first half          1
+*-prior            as mixture-prior (C classes)            first half          1
+stagger3           STAGGER rules 0: small and red, 1:      first half          1 + k % 2
+                   green or circle, 2: medium or large
+agrawal4           Agrawal functions 0, 1, 2, 3            first half          1 + k % 3
+hyperplane2        0: A, 1: B (Hyperplane seeds 7, 8)      first half          1
+rbf4               RandomRBF centroid sets 0..3            first half          1 + k % 3
 =================  ======================================  ==================  ================
 
 ("first half" = clients ``0 .. max(1, P // 2) - 1``.)
@@ -44,10 +51,29 @@ mixture-prior      0: client prior, 1: 90% of the mass on  first half          1
   mixture-prior (weights move); two intermediates at fractions 1/3 and 2/3, appended as new
   concept ids after the base concepts. Label swaps have no intermediate, so, as in FedCCFA, the
   swap groups drift one after another: G1 at ``d``, G2 at ``d + 1``, G3 at ``d + 2``. SINE (a
-  label flip) and mixture-swap (one permutation) have neither, so ``incremental`` = ``sudden``.
+  label flip) and mixture-swap (one permutation) have neither, so ``incremental`` = ``sudden``;
+  of River's streams (``river_streams.py``) only the hyperplane moves (its weights), the others
+  (STAGGER, Agrawal, RBF) drift suddenly.
 
 ``schedule`` replaces the schedule with a ``.cp`` file (or a bundled FedDrift schedule by name,
 ``"Y"``, ``"F"``, ...); its concept ids must be base concepts of the family.
+
+Pool families and user data
+---------------------------
+
+The class pools (``digits``, ``mnist``, ``fmnist``, ``cifar10``, ``dataset``: the run-config key
+``dataset`` read by ``sources.py``, and River's bundled tables ``imagesegments``, ``shuttle``,
+``phishing``, ``bananas``) share the realisations ``static``, ``swap``, ``permute``, ``rotate``,
+``noise`` and ``prior`` (``<pool>-<realisation>``). ``swap`` needs at least 7 classes (with
+fewer, ``static`` has the one concept ``original``), ``rotate`` needs images: River tables have
+neither with fewer than 7 classes, nor ``rotate``. Images get the ``cnn``, flat features an
+``mlp`` of width ``max(16, 2 x features)``. ``partition`` and ``disjoint`` (``partition.py``)
+decide how any pool is shared across clients; the defaults keep every scenario's data unchanged.
+
+Deployment: a SuperNode may hold its own file (node-config ``data-dir = "npz:PATH"``, see
+``client_app.make_client``); the server then builds the scenario with ``data_dir =
+METADATA_ONLY`` and, when it cannot read ``dataset`` itself, takes the number of classes and the
+input shape from ``num_classes`` / ``input_shape`` (run-config ``num-classes`` / ``input-shape``).
 """
 
 from __future__ import annotations
@@ -87,6 +113,7 @@ from fedcluster_app.core.data.generators import (
     mixture_means,
     torchvision_pools,
 )
+from fedcluster_app.core.data.river_streams import river_concepts
 
 __all__ = [
     "DRIFT_PATTERNS",
@@ -138,13 +165,15 @@ class StepData:
 class ScenarioDef:
     """A scenario of the standard catalogue: a data kind with its concepts (the table in the
     module docstring), a schedule (a bundled ``.cp`` name or a drift pattern) and its sizes.
-    The core defines the mixtures and the image pools; a family adds its own with
+    The core defines the mixtures, River's streams and the image pools; a family adds its own with
     :func:`define_scenario` (FedDrift: SINE-2, CIRCLE-2, SEA-2, SEA-4)."""
 
     name: str
     description: str
-    data: str  # sine | circle | sea | mixture | digits | mnist | fashion-mnist | cifar10
-    variant: str  # sea: "2"/"4"; mixture: swap/prior; images: static/swap/rotate/noise
+    data: str  # sine | circle | sea | river | mixture | digits | mnist | fashion-mnist | cifar10
+    # sea: "2"/"4"; river: stagger/agrawal/hyperplane/rbf; mixture: swap/prior;
+    # images: static/swap/rotate/noise
+    variant: str
     schedule: str  # a bundled schedule name ("Y", "F") or a drift pattern
     num_clients: int = 10
     num_steps: int = 6
@@ -155,7 +184,7 @@ class ScenarioDef:
 
     @property
     def tabular(self) -> bool:
-        return self.data in ("sine", "circle", "sea")
+        return self.data in ("sine", "circle", "sea", "river")
 
     @property
     def needs_data_dir(self) -> bool:
@@ -170,6 +199,19 @@ def _defs() -> dict[str, ScenarioDef]:
         ScenarioDef("mixture-prior", "Gaussian 4-class mixture in 8-d; label shift: clients 0-4 put 90% "
              "of their data on classes 0-1 from step 3", "mixture", "prior", "sudden",
              samples=200, test_samples=100),
+        # River's synthetic streams (river_streams.py); concepts and targets: module docstring
+        ScenarioDef("stagger3", "STAGGER (River): 3 boolean rules on one-hot size/colour/shape "
+             "(9-d), balanced classes; clients 0-4 switch to rule 1 + k % 2 at step 3", "river",
+             "stagger", "sudden"),
+        ScenarioDef("agrawal4", "Agrawal (River): loan functions 0-3 on 13-d standardised "
+             "features, balanced classes; 4-concept schedule F", "river", "agrawal", "F",
+             num_steps=11, drift_step=4),
+        ScenarioDef("hyperplane2", "Hyperplane (River): two 10-d hyperplanes 66 degrees apart, 5% "
+             "label noise; staggered 2-concept schedule Y", "river", "hyperplane", "Y",
+             num_steps=11, drift_step=4),
+        ScenarioDef("rbf4", "RandomRBF (River): 4 centroid sets (20 centroids, 4 classes) in 10-d; "
+             "staggered: each client draws a concept at steps 3 and 5", "river", "rbf",
+             "staggered"),
     ]
     images = {
         "digits": ("scikit-learn 8x8 digits", 200, 100),
@@ -189,8 +231,43 @@ def _defs() -> dict[str, ScenarioDef]:
                  "by 90 degrees from step 3", data, "rotate", "sudden", **common),
             ScenarioDef(f"{prefix}-noise", f"{label}; feature shift: even clients get additive "
                  "Gaussian noise (std 0.5) from step 3", data, "noise", "sudden", **common),
+            *_pool_variants(prefix, label, data, ("permute", "prior"), **common),
         ]
+    # a user's dataset (run-config key `dataset`) and the tables River ships (sources.py)
+    out += _pool_variants("dataset", "your dataset (run-config key dataset)", "dataset",
+                          POOL_VARIANTS, samples=200, test_samples=100, alpha=1.0)
+    for table, (label, classes) in RIVER_TABLE_POOLS.items():
+        variants = [v for v in POOL_VARIANTS if v != "rotate" and (v != "swap" or classes >= 7)]
+        out += _pool_variants(table.lower(), label, f"table:{table}", variants, samples=200,
+                              test_samples=100, alpha=1.0)
     return {d.name: d for d in out}
+
+
+#: the realisations of every class pool (swap needs >= 7 classes, rotate needs images)
+POOL_VARIANTS = ("static", "swap", "permute", "rotate", "noise", "prior")
+#: River's bundled classification tables: (description, number of classes)
+RIVER_TABLE_POOLS = {
+    "ImageSegments": ("River's ImageSegments table (7 classes, 18 features)", 7),
+    "Shuttle": ("River's Shuttle table (2 classes, 9 features)", 2),
+    "Phishing": ("River's Phishing table (2 classes, 9 features)", 2),
+    "Bananas": ("River's Bananas table (2 classes, 2 features)", 2),
+}
+_VARIANT_TEXT = {
+    "static": "Dirichlet(1) label skew, no drift",
+    "swap": "concept shift: FedCCFA label swaps (1<->2, 3<->4, 5<->6 by client group) at step 3",
+    "permute": "concept shift: the first half of the clients relabel y -> (y+1) % C from step 3",
+    "rotate": "feature shift: even clients see images rotated by 90 degrees from step 3",
+    "noise": "feature shift: even clients get additive Gaussian noise (std 0.5) from step 3",
+    "prior": "label shift: the first half of the clients put 90% of their data on the first "
+             "half of the classes from step 3",
+}
+
+
+def _pool_variants(prefix: str, label: str, data: str, variants, **common) -> list[ScenarioDef]:
+    """The ``<prefix>-<variant>`` scenarios of a class pool (static = no drift, else sudden)."""
+    return [ScenarioDef(f"{prefix}-{v}", f"{label}{', ' if v == 'static' else '; '}"
+                        f"{_VARIANT_TEXT[v]}", data, v, "none" if v == "static" else "sudden",
+                        **common) for v in variants]
 
 
 _DEFS = _defs()
@@ -255,7 +332,9 @@ def _even(p: int) -> list[int]:
     return list(range(0, p, 2))
 
 
-def _family(d: ScenarioDef) -> _Family:
+def _family(d: ScenarioDef, num_classes: int = 10, image: bool = True) -> _Family:
+    """The concepts of ``d``; a class pool's depend on its number of classes and on whether
+    its inputs are images (a user's dataset, River tables)."""
     if d.data == "sine":
         return _Family(list(SINE_CONCEPTS), ["A", "B"], _first_half, lambda k: 1)
     if d.data == "circle":
@@ -266,6 +345,11 @@ def _family(d: ScenarioDef) -> _Family:
         concepts = [SeaConcept(t, 0.10, name) for t, name in zip(SEA_THRESHOLDS, names)]
         target = (lambda k: 1) if n == 2 else (lambda k: 1 + k % 3)
         return _Family(list(concepts), list(names), _first_half, target)
+    if d.data == "river":
+        concepts = river_concepts(d.variant)
+        others = len(concepts) - 1
+        return _Family(concepts, [c.name for c in concepts], _first_half,
+                       lambda k: 1 + k % others)
     if d.data == "mixture":
         c = MIXTURE_CLASSES
         if d.variant == "swap":
@@ -276,6 +360,8 @@ def _family(d: ScenarioDef) -> _Family:
                                   prior_weights=tuple([1.0] * half + [1.0 / 9.0] * (c - half)))
         return _Family([ClassConcept("original"), second], ["original", second.name],
                        _first_half, lambda k: 1)
+    if d.variant in ("permute", "prior") or _user_pool(d):
+        return _pool_family(d, num_classes, image)
     # image pools
     if d.variant in ("static", "swap"):
         concepts = [ClassConcept("original")] + [
@@ -291,6 +377,50 @@ def _family(d: ScenarioDef) -> _Family:
     else:  # pragma: no cover - guarded by _defs
         raise AssertionError(d.variant)
     return _Family(concepts, [c.name for c in concepts], _even, lambda k: 1)
+
+
+def _user_pool(d: ScenarioDef) -> bool:
+    """A pool whose data come from ``sources.py``: the user's ``dataset`` or a River table."""
+    return d.data == "dataset" or d.data.startswith("table:")
+
+
+def _pool_family(d: ScenarioDef, c: int, image: bool) -> _Family:
+    """Concepts of a class pool with ``c`` classes (the module docstring's table)."""
+    if d.variant in ("static", "swap"):
+        if c < 7:
+            if d.variant == "static":
+                return _Family([ClassConcept("original")], ["original"], lambda p: [],
+                               lambda k: 0)
+            raise ValueError(f"scenario {d.name}: FedCCFA's label swaps (1<->2, 3<->4, 5<->6) "
+                             f"need at least 7 classes, the data have {c}; use "
+                             f"{d.name.rsplit('-', 1)[0]}-permute (y -> (y+1) % C) instead")
+        concepts = [ClassConcept("original")] + [
+            ClassConcept(f"swap {a}<->{b}", perm=swap_permutation(c, a, b))
+            for a, b in FEDCCFA_SWAP_PAIRS
+        ]
+        return _Family(concepts, [x.name for x in concepts], lambda p: list(range(p)),
+                       lambda k: fedccfa_group(k) + 1, sequential_groups=True)
+    if d.variant == "permute":
+        second = ClassConcept("permuted", perm=cyclic_permutation(c, 1))
+        return _Family([ClassConcept("original"), second], ["original", second.name],
+                       _first_half, lambda k: 1)
+    if d.variant == "prior":
+        half = max(1, c // 2)  # weights that put 90% of a uniform prior on the first half
+        low = half / (9.0 * (c - half))
+        second = ClassConcept("concentrated", prior_weights=tuple([1.0] * half + [low] * (c - half)))
+        return _Family([ClassConcept("original"), second], ["original", second.name],
+                       _first_half, lambda k: 1)
+    if d.variant == "rotate":
+        if not image:
+            raise ValueError(f"scenario {d.name}: rotation needs image data, but the data are flat "
+                             f"features (tabular); use {d.name.rsplit('-', 1)[0]}-noise, -permute "
+                             f"or -prior")
+        concepts = [ClassConcept("upright"), ClassConcept("rotated 90", angle=ROTATE_ANGLE)]
+    elif d.variant == "noise":
+        concepts = [ClassConcept("clean"), ClassConcept("noise 0.5", noise_std=NOISE_STD)]
+    else:  # pragma: no cover - guarded by _defs
+        raise AssertionError(d.variant)
+    return _Family(concepts, [x.name for x in concepts], _even, lambda k: 1)
 
 
 def _programmatic(fam: _Family, pattern: str, p: int, t: int, d: int, seed: int
@@ -508,7 +638,12 @@ class Scenario:
 # ----------------------------------------------------------------------------------- builder
 
 _PARAM_NAMES = ("name", "seed", "num_clients", "num_steps", "samples_per_step", "test_samples",
-                "schedule", "drift_pattern", "drift_step", "dirichlet_alpha", "data_dir")
+                "schedule", "drift_pattern", "drift_step", "dirichlet_alpha", "data_dir",
+                "dataset", "partition", "disjoint", "classes_per_client", "test_fraction",
+                "num_classes", "input_shape")
+# the pool-only arguments (user data, partition) and their "scenario default" values
+_POOL_DEFAULTS = {"dataset": "", "partition": "", "disjoint": False, "classes_per_client": 0,
+                  "test_fraction": 0.0, "num_classes": 0, "input_shape": ""}
 
 
 def _rebuild(params: tuple) -> Scenario:
@@ -541,10 +676,170 @@ def dirichlet_alpha_arg(value: object) -> float:
     return alpha
 
 
+def _dataset_scenarios() -> str:
+    return ", ".join(n for n in sorted(_DEFS) if _DEFS[n].data == "dataset")
+
+
+def _pool_scenarios() -> str:
+    return ", ".join(sorted({n.rsplit("-", 1)[0] + "-*" for n, d in _DEFS.items()
+                             if _is_pool(d)}))
+
+
+def _is_pool(d: ScenarioDef) -> bool:
+    return d.data in ("digits", "mnist", "fashion-mnist", "cifar10") or _user_pool(d)
+
+
+def _check_not_pool(key: str, args: dict) -> None:
+    """A registered scenario reads none of the pool arguments: refuse any that is set."""
+    if str(args["dataset"]).strip():
+        raise ValueError(f"scenario {key} does not read the run-config key `dataset`; only "
+                         f"{_dataset_scenarios()} do")
+    for name in ("partition", "disjoint", "num_classes", "input_shape"):
+        if _pool_value(name, args[name]) != _POOL_DEFAULTS[name]:
+            raise ValueError(f"scenario {key} does not read `{name.replace('_', '-')}`; it "
+                             f"applies to the pool families ({_pool_scenarios()})")
+
+
+def _pool_value(name: str, value: object) -> object:
+    """One pool argument in its canonical type (the run config's strings, bools, numbers)."""
+    if name == "disjoint":
+        if isinstance(value, str) and value.strip().lower() in ("", "false", "0", "no"):
+            return False
+        if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"):
+            return True
+        if isinstance(value, (bool, int, np.bool_)):
+            return bool(value)
+        raise ValueError(f"disjoint must be true or false, got {value!r}")
+    if name in ("classes_per_client", "num_classes"):
+        return _nonneg_int(name, 0 if value == "" else value)
+    if name == "test_fraction":
+        try:
+            return float(value or 0.0)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(f"test_fraction must be a number in (0, 1), got {value!r}") from None
+    if name == "input_shape":
+        return ",".join(str(v) for v in input_shape_arg(value))
+    return str(value).strip()
+
+
+def input_shape_arg(value: object) -> tuple[int, ...]:
+    """``"1,28,28"`` (images: channels, height, width) or ``"18"`` (features) as a tuple;
+    ``""`` = ``()`` (from the data)."""
+    if isinstance(value, (tuple, list)):
+        parts = [str(v) for v in value]
+    else:
+        text = str(value).strip().strip("()[]")
+        parts = [v for v in text.replace("x", ",").split(",") if v.strip()] if text else []
+    try:
+        shape = tuple(int(v) for v in parts)
+    except ValueError:
+        shape = ()
+        parts = ["?"]
+    if parts and (len(shape) not in (1, 3) or min(shape) < 1):
+        raise ValueError(f"input-shape must be \"C,H,W\" (images) or \"F\" (features) with "
+                         f"positive sizes, e.g. \"1,28,28\" or \"18\" (\"\" = from the data), "
+                         f"got {value!r}")
+    return shape
+
+
+def _pool_args(d: ScenarioDef, args: dict) -> tuple:
+    """The canonical pool arguments of ``d`` (``_POOL_DEFAULTS`` order), checked."""
+    v = {name: _pool_value(name, args[name]) for name in _POOL_DEFAULTS}
+    if d.data == "dataset":
+        if not v["dataset"]:
+            raise ValueError(f"scenario {d.name} reads your data: set the run-config key "
+                             f"`dataset` (npz:PATH, imagefolder:PATH, hf-disk:PATH, "
+                             f"river:<Table> or package.module:callable)")
+        from fedcluster_app.core.data.sources import parse_dataset_spec
+
+        kind, ref = parse_dataset_spec(str(v["dataset"]))
+        v["dataset"] = ref if kind == "module" else f"{kind}:{ref}"
+    elif v["dataset"]:
+        raise ValueError(f"scenario {d.name} does not read the run-config key `dataset` (its data "
+                         f"are its own); the scenarios that read it are {_dataset_scenarios()}")
+    elif v["num_classes"] or v["input_shape"]:
+        raise ValueError(f"num-classes and input-shape describe the data of {_dataset_scenarios()}"
+                         f"; scenario {d.name} does not read them (leave them 0 and \"\")")
+    from fedcluster_app.core.data.partition import PARTITIONS
+
+    part = str(v["partition"]).lower()
+    if part and part not in PARTITIONS:
+        raise ValueError(f"unknown partition {v['partition']!r}; valid: {', '.join(PARTITIONS)} "
+                         f"(or \"\" for the scenario's default)")
+    v["partition"] = part
+    if (part or v["disjoint"]) and not (_is_pool(d) or (d.data == "mixture" and not
+                                                         v["disjoint"])):
+        raise ValueError(f"scenario {d.name} has no data pool: partition and disjoint apply to "
+                         f"the pool families ({_pool_scenarios()}; a mixture takes partition "
+                         f"without disjoint)")
+    v["classes_per_client"] = (v["classes_per_client"] or 2) if part == "pathological" else 0
+    if _user_pool(d):
+        tf = v["test_fraction"] or 0.25
+        if not 0.0 < tf < 1.0:
+            raise ValueError(f"test-fraction must be in (0, 1) (0 = 0.25), got {tf}")
+        v["test_fraction"] = float(tf)
+    else:
+        v["test_fraction"] = 0.0
+    return tuple(v[name] for name in _POOL_DEFAULTS)
+
+
+@dataclass(frozen=True)
+class _PoolInfo:
+    """What a user pool contributes to a scenario: its classes, input shape and (unless the
+    process cannot read it) its data."""
+
+    num_classes: int
+    input_shape: tuple[int, ...]
+    image: bool
+    data: object | None  # sources.UserData
+
+
+def _user_pool_info(d: ScenarioDef, dataset: str, seed: int, test_fraction: float,
+                    num_classes: int, input_shape: str, data_dir: str) -> _PoolInfo:
+    import fedcluster_app.core.data.sources as sources
+
+    spec = dataset if d.data == "dataset" else "river:" + d.data.split(":", 1)[1]
+    shape = input_shape_arg(input_shape)
+    if data_dir == METADATA_ONLY and not sources.spec_is_readable(spec):
+        if not (num_classes and shape):
+            raise ValueError(
+                f"scenario {d.name}: this process (the server of a deployment) cannot read "
+                f"dataset {spec!r}; set the run-config keys num-classes and input-shape (e.g. "
+                f"\"1,28,28\" or \"18\") so that it knows the model without the data")
+        return _PoolInfo(num_classes, shape, len(shape) == 3, None)
+    data = sources.load_user_data(spec, seed, test_fraction)
+    c = data.num_classes
+    if num_classes:
+        if num_classes < c:
+            raise ValueError(f"num-classes = {num_classes}, but dataset {spec!r} has labels up to "
+                             f"{c - 1}; expected num-classes >= {c} (0 = from the data)")
+        c = num_classes
+    if shape and shape != data.input_shape:
+        raise ValueError(f"input-shape = {input_shape!r}, but dataset {spec!r} has inputs of "
+                         f"shape {data.input_shape}; expected the same (\"\" = from the data)")
+    return _PoolInfo(c, data.input_shape, data.image, data)
+
+
+def _user_source(info: _PoolInfo):
+    """The train/test pools of a user pool (images or flat features)."""
+    from fedcluster_app.core.data.generators import ImagePool
+    from fedcluster_app.core.data.partition import FeaturePool, FeatureSource
+
+    data = info.data
+    if info.image:
+        return ImageSource(ImagePool(data.x_train, data.y_train, info.num_classes, data.max_value),
+                           ImagePool(data.x_test, data.y_test, info.num_classes, data.max_value))
+    return FeatureSource(FeaturePool(data.x_train, data.y_train, info.num_classes),
+                         FeaturePool(data.x_test, data.y_test, info.num_classes))
+
+
 def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps: int = 0,
                    samples_per_step: int = 0, test_samples: int = 0, schedule: str = "",
                    drift_pattern: str = "", drift_step: int = 0, dirichlet_alpha: float = 0.0,
-                   data_dir: str = "") -> Scenario:
+                   data_dir: str = "", dataset: str = "", partition: str = "",
+                   disjoint: bool = False, classes_per_client: int = 0,
+                   test_fraction: float = 0.0, num_classes: int = 0,
+                   input_shape: str = "") -> Scenario:
     """Build (or fetch from the cache) the scenario ``name`` (see :func:`list_scenarios`).
 
     ``0`` / ``""`` means "the scenario's default" for every argument. ``seed`` is the data seed.
@@ -562,6 +857,15 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
     ``data_dir`` is the local torchvision directory that ``mnist-*``, ``fmnist-*`` and
     ``cifar10-*`` need.
 
+    Pool families only (images, ``dataset-*``, River tables): ``dataset`` is the data of the
+    ``dataset-*`` scenarios (``sources.py``: ``npz:PATH``, ``imagefolder:PATH``, ``hf-disk:PATH``,
+    ``river:<Table>``, ``package.module:callable``), ``test_fraction`` (default 0.25) the share of
+    a source without a test split held out for testing; ``partition`` (``iid``, ``dirichlet``,
+    ``pathological`` with ``classes_per_client``, default 2), and ``disjoint`` (disjoint client
+    shards) decide how the pool is shared across clients (``partition.py``). ``num_classes``
+    and ``input_shape`` (e.g. ``"1,28,28"``) describe a ``dataset`` that this process cannot
+    read (the server of a deployment, ``data_dir = METADATA_ONLY``).
+
     Identical arguments return the same (cached) object.
 
     Raises:
@@ -570,7 +874,11 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
         FileNotFoundError: data_dir lacks the dataset's files.
     """
     key = str(name).strip().lower()
+    pool_args = dict(dataset=dataset, partition=partition, disjoint=disjoint,
+                     classes_per_client=classes_per_client, test_fraction=test_fraction,
+                     num_classes=num_classes, input_shape=input_shape)
     if key in _EXTRA:
+        _check_not_pool(key, pool_args)
         return _EXTRA[key][1](
             seed=seed, num_clients=num_clients, num_steps=num_steps,
             samples_per_step=samples_per_step, test_samples=test_samples, schedule=schedule,
@@ -607,13 +915,27 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
                 f"`data-dir` (build_scenario(data_dir=...)) to the root of the torchvision files"
             )
         data_dir = os.path.abspath(os.path.expanduser(data_dir))
-    else:
+    elif not (d.data == "dataset" and data_dir == METADATA_ONLY):  # a server may lack `dataset`
         data_dir = ""
     if alpha == 0.0 or d.tabular:
         alpha = d.alpha if not d.tabular else math.inf
+    pool = _pool_args(d, pool_args)
     return _build_cached(key, seed, num_clients, num_steps, samples_per_step or d.samples,
                          test_samples or d.test_samples, schedule, pattern, drift_step, alpha,
-                         data_dir)
+                         data_dir, *pool)
+
+
+def _partitioned(base_factory: Callable[[], ClassRealisation], partition: str, disjoint: bool,
+                 num_clients: int, alpha: float, k: int, seed: int
+                 ) -> Callable[[], ClassRealisation]:
+    """The factory of ``base_factory``'s realisation shared across clients as ``partition`` and
+    ``disjoint`` say (``partition.py``)."""
+    def factory():
+        from fedcluster_app.core.data.partition import partition_realisation
+
+        return partition_realisation(base_factory(), partition, disjoint, num_clients, alpha, k,
+                                     seed)
+    return factory
 
 
 def _load_schedule(ref: str) -> tuple[np.ndarray, str]:
@@ -626,11 +948,16 @@ def _load_schedule(ref: str) -> tuple[np.ndarray, str]:
 @lru_cache(maxsize=64)
 def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, samples: int,
                   test_samples: int, schedule: str, pattern: str, drift_step: int, alpha: float,
-                  data_dir: str) -> Scenario:
+                  data_dir: str, dataset: str = "", partition: str = "", disjoint: bool = False,
+                  classes_per_client: int = 0, test_fraction: float = 0.0, num_classes: int = 0,
+                  input_shape: str = "") -> Scenario:
     d = _DEFS[name]
     params = (name, seed, num_clients, num_steps, samples, test_samples, schedule, pattern,
-              drift_step, alpha, data_dir)
-    fam = _family(d)
+              drift_step, alpha, data_dir, dataset, partition, disjoint, classes_per_client,
+              test_fraction, num_classes, input_shape)
+    info = (_user_pool_info(d, dataset, seed, test_fraction, num_classes, input_shape, data_dir)
+            if _user_pool(d) else None)
+    fam = _family(d) if info is None else _family(d, info.num_classes, info.image)
     n_base = len(fam.concepts)
     description = d.description
     if schedule:
@@ -678,10 +1005,17 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
     if d.tabular:
         def factory(concepts=concepts):
             return TabularRealisation(concepts)
-        num_classes, input_shape = 2, (int(concepts[0].dim),)  # type: ignore[attr-defined]
+        num_classes = max(int(getattr(c, "num_classes", 2)) for c in concepts)
+        input_shape = (int(concepts[0].dim),)  # type: ignore[attr-defined]
         model, hidden = "mlp", 2 * input_shape[0]
+        if d.data == "river":
+            hidden = max(16, hidden)
     else:
-        num_classes = MIXTURE_CLASSES if d.data == "mixture" else 10
+        num_classes = (MIXTURE_CLASSES if d.data == "mixture" else
+                       info.num_classes if info is not None else 10)
+        if partition == "pathological" and not 1 <= classes_per_client <= num_classes:
+            raise ValueError(f"classes-per-client must be in 1..{num_classes} (the number of "
+                             f"classes of scenario {name}), got {classes_per_client}")
         priors = np.stack([
             client_prior(num_classes, alpha, np.random.default_rng([seed, k, 0, TAG_PRIOR]))
             for k in range(p)
@@ -697,6 +1031,15 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
 
             def factory(concepts=concepts, priors=priors):
                 return ClassRealisation(ImageSource(*digits_pools(seed)), concepts, priors)
+        elif info is not None:  # a user's dataset or a River table (sources.py)
+            input_shape = info.input_shape
+            model, hidden = ("cnn", 0) if info.image else ("mlp", max(16, 2 * input_shape[0]))
+
+            def factory(concepts=concepts, priors=priors, info=info):
+                if info.data is None:
+                    raise RuntimeError(f"scenario {name} was built without its data (on the "
+                                       f"server of a deployment); its data live on the clients")
+                return ClassRealisation(_user_source(info), concepts, priors)
         else:
             from fedcluster_app.core.data.loaders import IMAGE_DATASETS, _check_files
 
@@ -710,6 +1053,11 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
                                        f"server of a deployment); its data live on the clients")
                 return ClassRealisation(ImageSource(*torchvision_pools(d.data, data_dir)),
                                         concepts, priors)
+        if partition not in ("", "dirichlet") or disjoint:
+            factory = _partitioned(factory, partition, disjoint, p, alpha, classes_per_client,
+                                   seed)
+            description += (f" [partition {partition or 'dirichlet'}"
+                            f"{', disjoint shards' if disjoint else ''}]")
     return Scenario(
         name=name, description=description, matrix=m, realisation_factory=factory,
         num_classes=num_classes, input_shape=input_shape, model=model, hidden=hidden,

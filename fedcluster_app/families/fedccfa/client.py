@@ -39,13 +39,11 @@ from torch.nn import functional as F
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.models import (
-    build_model,
     get_weights,
-    set_weights,
     split_model,
 )
 from fedcluster_app.core.stream_client import StreamClient
-from fedcluster_app.core.training import as_tensor
+from fedcluster_app.core.training import as_tensor, device_of
 from fedcluster_app.core.training import evaluate as evaluate_model
 from fedcluster_app.families.fedccfa.wire import (
     ALIGNED,
@@ -97,7 +95,7 @@ def _train_head(head: nn.Linear, z: torch.Tensor, y: torch.Tensor, batches: list
     opt = _sgd(head.parameters(), lr, p)
     total = 0.0
     for idx in batches:
-        i = torch.from_numpy(np.asarray(idx))
+        i = torch.from_numpy(np.asarray(idx)).to(z.device)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(head(z[i]), y[i])
         loss.backward()
@@ -179,12 +177,11 @@ def train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]
     x, y = client.train_data(int(config[P.STEP]))
     if len(y) == 0:
         raise ValueError("no training data")
-    model = build_model(client.exp.spec, 0)
-    set_weights(model, weights)
+    model = client.fresh_model(0, weights)
     model.train()
     features, head = split_model(model)
     rng = client.rng(rnd, 7_000 + mid)
-    xt, yt = as_tensor(x), as_tensor(y, np.int64)
+    xt, yt = as_tensor(x, device=client.device), as_tensor(y, np.int64, client.device)
     batch = p.batch_size
     metrics: dict[str, Any] = {P.NUM_EXAMPLES: int(len(y))}
     extra = None
@@ -205,7 +202,7 @@ def _train_full(model, params, xt, yt, rng, batch, epochs, lr, p: SGDParams) -> 
     opt = _sgd([w for w in params if w.requires_grad], lr, p)
     total, batches = 0.0, _epochs(len(yt), epochs, batch, rng)
     for idx in batches:
-        i = torch.from_numpy(idx)
+        i = torch.from_numpy(idx).to(xt.device)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(xt[i]), yt[i])
         loss.backward()
@@ -218,7 +215,8 @@ def _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
                      metrics) -> list[np.ndarray] | None:
     C = head.out_features
     phi0 = [head.weight.detach().clone(), head.bias.detach().clone()]
-    counts = np.bincount(yt.numpy(), minlength=C)
+    y_np = yt.cpu().numpy()
+    counts = np.bincount(y_np, minlength=C)
     _freeze(features, True)
     with torch.no_grad():
         z_all = features(xt)
@@ -227,11 +225,10 @@ def _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
     if algo == "fedccfa":
         present = np.flatnonzero(counts > 0)
         m = int(min(p.bal_per_class, counts[present].min()))
-        y_np = yt.numpy()
         idx = np.concatenate([rng.choice(np.flatnonzero(y_np == c), size=m, replace=False)
                               for c in present])
         _train_head(head, z_all, yt, [idx] * p.bal_steps, p.bal_lr, p)
-        bal = [head.weight.detach().numpy().copy(), head.bias.detach().numpy().copy()]
+        bal = [head.weight.detach().cpu().numpy().copy(), head.bias.detach().cpu().numpy().copy()]
     # 2. personal classifier: the stored one, else the balanced one (FedRep: phi(0)), 1 epoch
     meta = _meta(client)
     stored = personal_classifier(client)
@@ -259,11 +256,11 @@ def _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
     a_held, a_mask = anchors(client, C, d)
     align = (algo == "fedccfa" and lam > 0 and rnd - 1 >= p.align_start
              and bool(a_mask.all()))
-    a_t = torch.from_numpy(a_held) if align else None
+    a_t = torch.from_numpy(a_held).to(xt.device) if align else None
     opt = _sgd(features.parameters(), p.ext_lr, p)
     total, batches = 0.0, _epochs(len(yt), p.ext_epochs, batch, rng)
     for idx in batches:
-        i = torch.from_numpy(idx)
+        i = torch.from_numpy(idx).to(xt.device)
         opt.zero_grad(set_to_none=True)
         z = features(xt[i])
         loss = F.cross_entropy(head(z), yt[i])
@@ -273,14 +270,15 @@ def _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
         opt.step()
         total += float(loss.detach())
     _freeze(head, False)
-    personal = [head.weight.detach().numpy().copy(), head.bias.detach().numpy().copy()]
+    personal = [head.weight.detach().cpu().numpy().copy(),
+                head.bias.detach().cpu().numpy().copy()]
     # 5. local anchors with the new extractor over all local samples
     with torch.no_grad():
-        z_new = features(xt).numpy()
+        z_new = features(xt).cpu().numpy()
     local = np.zeros((C, d), np.float32)
     mask = (counts > 0).astype(np.float32)
     for c in np.flatnonzero(counts > 0):
-        local[c] = z_new[yt.numpy() == c].mean(axis=0)
+        local[c] = z_new[y_np == c].mean(axis=0)
     # the model goes back with phi(0) as its classifier: the server's classifier never changes
     with torch.no_grad():
         head.weight.copy_(phi0[0])
@@ -344,16 +342,16 @@ def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, fl
     if len(y) == 0:
         return float("nan"), float("nan")
     model.eval()
-    logits = torch.cat([model(as_tensor(x[i:i + 2048])) for i in range(0, len(y), 2048)])
-    yt = as_tensor(y, np.int64)
+    dev = device_of(model)
+    logits = torch.cat([model(as_tensor(x[i:i + 2048], device=dev)) for i in range(0, len(y), 2048)])
+    yt = as_tensor(y, np.int64, dev)
     return float(F.cross_entropy(logits, yt)), float((logits.argmax(1) == yt).float().mean())
 
 
 def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
     _, weights, algo, p = _begin(client, config, models, EVAL_KIND)
     step = int(config[P.STEP])
-    model = build_model(client.exp.spec, 0)
-    set_weights(model, weights)
+    model = client.fresh_model(0, weights)
     if algo in ("fedccfa", "fedrep"):
         _, head = split_model(model)
         clf = personal_classifier(client)
@@ -365,7 +363,8 @@ def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarr
         x, y = client.train_data(step)
         rng = client.rng(int(config[P.ROUND]), 8_000)
         model.train()
-        _train_full(model, model.parameters(), as_tensor(x), as_tensor(y, np.int64), rng,
+        _train_full(model, model.parameters(), as_tensor(x, device=client.device),
+                    as_tensor(y, np.int64, client.device), rng,
                     p.batch_size, p.ft_epochs, p.ft_lr, p)
     x, y = client.test_data(step)
     loss, acc = _accuracy(model, x, y)

@@ -38,8 +38,6 @@ import numpy as np
 from flwr.common.logger import log
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.models import build_model, split_model
 from fedcluster_app.core.strategy import (
     ClusteredStrategy,
     RejectedReply,
@@ -54,9 +52,6 @@ from fedcluster_app.families.fedccfa.classifiers import (
     madd,
 )
 
-SUPPORTED_MODELS = "the 'cnn', or the 'mlp' with hidden > 0"
-
-
 class _GeneralisedEval(ClusteredStrategy):
     """Shared machinery: one global model (id 0), train.fedccfa / query.fedccfa_eval messages,
     per-client pending server results, generalised accuracy in metrics.jsonl."""
@@ -68,15 +63,7 @@ class _GeneralisedEval(ClusteredStrategy):
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
         if self.needs_head:
-            spec = experiment.spec
-            try:
-                split_model(build_model(spec, 0))
-            except ValueError:
-                desc = f"{spec.kind}" + (f" with hidden={spec.hidden}" if spec.kind == "mlp" else "")
-                raise ConfigError(
-                    f"model: {self.name} needs a model with a separable classifier head (a feature "
-                    f"extractor followed by a linear classifier): {SUPPORTED_MODELS}; got {desc} "
-                    f"(set hidden > 0 or model = \"cnn\")") from None
+            self.require_split_model()
         self.pending: dict[int, dict[str, Any]] = {}
         self.gen_history: list[float | None] = []
         self._gen: dict[int, float] = {}

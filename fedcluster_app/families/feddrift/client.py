@@ -54,8 +54,11 @@ from fedcluster_app.families.feddrift.wire import (
 )
 
 
-def _use_numpy(config: dict, weights: list[np.ndarray]) -> bool:
-    return config.get(ENGINE, "numpy") != "torch" and kernels.is_mlp(weights)
+def _use_numpy(client: StreamClient, config: dict, weights: list[np.ndarray]) -> bool:
+    """The NumPy kernel serves the built-in one-hidden-layer MLP only (a user's model with the
+    same array shapes may compute something else)."""
+    return (config.get(ENGINE, "numpy") != "torch" and client.exp.spec.kind == "mlp"
+            and kernels.is_mlp(weights))
 
 
 def masked(x: np.ndarray, config: dict, mid: int) -> np.ndarray:
@@ -67,27 +70,25 @@ def masked(x: np.ndarray, config: dict, mid: int) -> np.ndarray:
 
 
 def model_proba(client: StreamClient, weights, x, config) -> np.ndarray:
-    if _use_numpy(config, weights):
+    if _use_numpy(client, config, weights):
         z = kernels.mlp_logits([np.asarray(w, np.float64) for w in weights], np.asarray(x, np.float64))
         z -= z.max(axis=1, keepdims=True)
         e = np.exp(z)
         return e / e.sum(axis=1, keepdims=True)
-    from fedcluster_app.core.models import scratch_model
     from fedcluster_app.core.training import predict_proba
 
-    return predict_proba([scratch_model(client.exp.spec, weights)], [1.0], x).numpy()
+    return predict_proba([client.scratch(weights)], [1.0], x).numpy()
 
 
 def model_ce_error(client: StreamClient, weights, x, y, config) -> tuple[float, float]:
     if len(y) == 0:
         return float("nan"), float("nan")
-    if _use_numpy(config, weights):
+    if _use_numpy(client, config, weights):
         return kernels.ce_and_error(kernels.mlp_logits([np.asarray(w, np.float64) for w in weights],
                                         np.asarray(x, np.float64)), y)
-    from fedcluster_app.core.models import scratch_model
     from fedcluster_app.core.training import evaluate
 
-    ce, acc = evaluate(scratch_model(client.exp.spec, weights), x, y)
+    ce, acc = evaluate(client.scratch(weights), x, y)
     return ce, 1.0 - acc
 
 
@@ -141,13 +142,13 @@ def train(client: StreamClient, config: dict, models: Models):
                 idx = np.arange(len(y))
             x, y = x[idx], y[idx]
         per_model[mid] = {P.NUM_EXAMPLES: len(y)}
-        if _use_numpy(config, models[mid]):
+        if _use_numpy(client, config, models[mid]):
             numpy_jobs[mid] = (models[mid], x, y, batches or batch_indices(len(y), cfg, rng))
             continue
-        from fedcluster_app.core.models import get_weights, scratch_model
+        from fedcluster_app.core.models import get_weights
         from fedcluster_app.core.training import local_train
 
-        net = scratch_model(client.exp.spec, models[mid])
+        net = client.scratch(models[mid])
         per_model[mid][P.TRAIN_LOSS] = local_train(net, x, y, cfg, rng)
         trained[mid] = get_weights(net)
     if numpy_jobs:     # the NumPy models of this client train together (one call per step)

@@ -33,7 +33,7 @@ import numpy as np
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.handlers import Models
 from fedcluster_app.core.handlers import evaluate as plain_evaluate
-from fedcluster_app.core.models import get_weights, scratch_model
+from fedcluster_app.core.models import get_weights
 from fedcluster_app.core.stream_client import PERSONAL_KEY, StreamClient
 from fedcluster_app.core.training import local_train, sample_losses
 from fedcluster_app.families.fedrc.em import (
@@ -71,7 +71,7 @@ def log_prior_of(config: dict, k: int, c: int) -> np.ndarray:
 
 
 def _loss_matrix(client: StreamClient, models: Models, ids: list[int], x, y) -> np.ndarray:
-    return np.stack([sample_losses(scratch_model(client.exp.spec, models[m]), x, y) for m in ids],
+    return np.stack([sample_losses(client.scratch(models[m]), x, y) for m in ids],
                     axis=1)
 
 
@@ -99,7 +99,7 @@ def train(client: StreamClient, config: dict, models: Models):
     trained, per_model = {}, {}
     for j, mid in enumerate(ids):
         if new_omega[j] > 0:
-            net = scratch_model(client.exp.spec, models[mid])
+            net = client.scratch(models[mid])
             local_train(net, x, y, client.train_config(config),
                         client.rng(int(config[P.ROUND]), mid), sample_weights=gamma[:, j])
             trained[mid] = get_weights(net)
@@ -131,14 +131,13 @@ def evaluate(client: StreamClient, config: dict, models: Models):
 def fedsoft_train(client: StreamClient, config: dict, models: Models):
     ids = sorted(models)
     x, y = client.train_data(int(config[P.STEP]))
-    spec = client.exp.spec
-    losses = np.stack([sample_losses(scratch_model(spec, models[m]), x, y) for m in ids], axis=1)
+    losses = np.stack([sample_losses(client.scratch(models[m]), x, y) for m in ids], axis=1)
     p = FedSoftParams.from_message(config, FEDSOFT_PARAMS)
     u = importance_weights(losses, p.sigma)
     center = [sum(float(w) * models[m][i] for w, m in zip(u, ids)) for i in range(len(models[ids[0]]))]
     start = (client.personal_weights() if PERSONAL_KEY in client.state.array_records
              else models[ids[int(np.argmax(u))]])
-    net = scratch_model(spec, start)
+    net = client.scratch(start)
     cfg = dataclasses.replace(client.train_config(config), prox_mu=p.lam)
     loss = local_train(net, x, y, cfg, client.rng(int(config[P.ROUND]), P.PERSONAL_MODEL_ID),
                        prox_center=center)

@@ -35,7 +35,6 @@ from torch.nn import functional as F
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.handlers import Models
-from fedcluster_app.core.models import scratch_model
 from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.core.training import as_tensor
 from fedcluster_app.families.fielding import clustering as core
@@ -77,23 +76,24 @@ def label_vector(client: StreamClient, config: dict) -> np.ndarray:
 
 def embedding_vector(client: StreamClient, config: dict, probe: list[np.ndarray]) -> np.ndarray:
     x, _ = _window(client, config)
-    model = scratch_model(client.exp.spec, probe)
+    model = client.scratch(probe)
     model.eval()
     with torch.no_grad():
-        feats = model.features(as_tensor(x))
-    return feats.mean(0).double().numpy()
+        feats = model.features(as_tensor(x, device=client.device))
+    return feats.mean(0).double().cpu().numpy()
 
 
 def gradient_vector(client: StreamClient, config: dict, probe: list[np.ndarray]) -> np.ndarray:
     x, y = _window(client, config)
-    model = scratch_model(client.exp.spec, probe)
+    model = client.scratch(probe)
     model.eval()
     params = (list(model.classifier.parameters()) if config[GRAD_LAYERS] == "last"
               else list(model.parameters()))
     model.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(as_tensor(x)), as_tensor(y, np.int64))
+    loss = F.cross_entropy(model(as_tensor(x, device=client.device)),
+                           as_tensor(y, np.int64, client.device))
     grads = torch.autograd.grad(loss, params)
-    return torch.cat([g.reshape(-1) for g in grads]).double().numpy()
+    return torch.cat([g.reshape(-1) for g in grads]).double().cpu().numpy()
 
 
 def representation(client: StreamClient, config: dict, probe: list[np.ndarray] | None) -> np.ndarray:

@@ -53,7 +53,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedcluster_app.core.config import ConfigError, TrainConfig
-from fedcluster_app.core.models import build_model, get_weights
+from fedcluster_app.core.models import SPLIT_CONTRACT, build_model, get_weights
 from fedcluster_app.core.strategy import (
     ClusteredStrategy,
     Reply,
@@ -112,6 +112,12 @@ class Fielding(ClusteredStrategy):
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
         p = self.params
+        part = ("features" if p.rep == "embedding" else
+                "classifier" if p.rep == "gradient" and p.grad_layers == "last" else None)
+        if part and not isinstance(getattr(build_model(self.exp.spec, 0), part, None), torch.nn.Module):
+            raise ConfigError(f"model: fielding.rep = {p.rep!r} reads the model's `{part}` "
+                              f"submodule, which {self.exp.spec.kind!r} does not have (the "
+                              f"built-in models have {SPLIT_CONTRACT})")
         n = self.exp.scenario.num_clients
         if p.k_min > n - 1:
             raise ConfigError(f"the K range fielding.k-min..k-max = {p.k_min}..{p.k_max} is "

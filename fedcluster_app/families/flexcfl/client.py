@@ -16,7 +16,7 @@ import torch
 from torch.nn import functional as F
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.models import get_weights, scratch_model
+from fedcluster_app.core.models import get_weights
 from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.core.training import _optimizer, as_tensor
 from fedcluster_app.families.flexcfl.wire import PRETRAIN_ITERS, QUERY_PRETRAIN
@@ -49,15 +49,15 @@ def pretrain(client: StreamClient, config: dict, models: dict[int, list[np.ndarr
         return metrics, {}, {}
     cfg = client.train_config(config)
     iters = int(config[PRETRAIN_ITERS])
-    model = scratch_model(client.exp.spec, w0)
+    model = client.scratch(w0)
     rng = client.rng(int(config[P.ROUND]), PRETRAIN_MODEL_SALT + mid)
-    xt, yt = as_tensor(x), as_tensor(y, np.int64)
+    xt, yt = as_tensor(x, device=client.device), as_tensor(y, np.int64, client.device)
     model.train()
     opt = _optimizer(model, cfg)
     total = 0.0
     batches = pretrain_batches(len(y), cfg.batch_size, iters, rng)
     for idx in batches:
-        idx_t = torch.from_numpy(idx)
+        idx_t = torch.from_numpy(idx).to(client.device)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(xt[idx_t]), yt[idx_t])
         total += float(loss.detach())
