@@ -16,6 +16,7 @@ from fedcluster_app.core.config import (
     merge_overrides,
     parse_assignment,
 )
+from fedcluster_app.core.config import list_presets, preset_file
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--deployment", type=Path, metavar="DIR",
                      help="with --engine deployment: submit to the local deployment in DIR "
                           "(started by `fedcluster deploy up --dir DIR`)")
-    run.add_argument("--run-config", type=Path, help="TOML preset of run-config keys")
+    run.add_argument("--run-config", type=Path, help="TOML file of run-config keys")
+    run.add_argument("--preset", metavar="NAME",
+                     help="a bundled preset (`fedcluster list presets`): a paper's experiment; "
+                          "--run-config, --set and the flags below win over it")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="any run-config key, repeatable (e.g. --set rounds-per-step=10)")
     run.add_argument("--resume", type=Path, metavar="DIR",
@@ -45,9 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="strategies, scenarios, federations, run-config keys and "
                          "the strategies' hyper-parameters (params)")
     lst.add_argument("what", nargs="?", default="all",
-                     choices=("all", "strategies", "scenarios", "federations", "config", "params"))
+                     choices=("all", "strategies", "scenarios", "federations", "config", "params",
+                              "presets", "protocols"))
     lst.add_argument("--toml", action="store_true",
                      help="with params: print the tables as pyproject.toml holds them")
+    lst.add_argument("--strategy", metavar="PACKAGE.MODULE:CLASS",
+                     help="with params: your strategy's table (add it to pyproject.toml for "
+                          "plain `flwr run .`)")
 
     dep = sub.add_parser("deploy", help="start/stop a SuperLink + SuperNodes on 127.0.0.1")
     dep.add_argument("action", choices=("up", "down", "status"))
@@ -95,11 +103,22 @@ def _resumed_config(run_dir: Path) -> dict:
     return {}
 
 
+def _read_toml(path: Path) -> dict:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror}") from None
+
+
 def _overrides(args: argparse.Namespace) -> dict:
     values: dict = _resumed_config(args.resume) if args.resume else {}
+    if args.preset:
+        values.update(_read_toml(preset_file(args.preset)))
     if args.run_config:
-        with args.run_config.open("rb") as fh:
-            values.update(tomllib.load(fh))
+        values.update(_read_toml(args.run_config))
     for item in args.set:
         key, value = parse_assignment(item)
         values[key] = value
@@ -158,6 +177,19 @@ def cmd_list(args: argparse.Namespace) -> int:
                                     list_strategies)
     from fedcluster_app.launcher import load_profiles
 
+    if args.strategy:
+        from fedcluster_app.api import strategy_class
+        from fedcluster_app.core.hparams import toml_table
+
+        params = strategy_class(args.strategy).Params
+        if not params.table:
+            print(f"{args.strategy} has no hyper-parameters")
+        elif args.toml:
+            print(toml_table(params, args.strategy))
+        else:
+            for key, default, allowed, doc in params.describe():
+                print(f"  {params.table}.{key}  {default!r} ({allowed}): {doc}")
+        return 0
     if args.toml:
         print(hyperparameter_tables(), end="")
         return 0
@@ -174,6 +206,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.what in ("all", "config"):
         sections.append(("run-config keys and defaults",
                          [(k, repr(v)) for k, v in default_run_config().items() if "." not in k]))
+    if args.what in ("all", "presets"):
+        sections.append(("presets (fedcluster run --preset NAME)", list_presets()))
+    if args.what in ("all", "protocols"):
+        from fedcluster_app.core.data.scenarios import scenario_protocol
+
+        rows = [(name, ", ".join(f"{k}={v}" for k, v in scenario_protocol(name).items()))
+                for name, _ in list_scenarios() if scenario_protocol(name)]
+        sections.append(("scenarios' paper protocols (applied to keys left at their defaults; "
+                         "protocol = \"none\" turns them off)", rows))
     if args.what in ("all", "params"):
         for params, names in sorted(hyperparameter_users().items(), key=lambda u: u[0].table):
             table = params.table

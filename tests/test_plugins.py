@@ -123,6 +123,12 @@ def test_a_class_that_is_not_a_strategy_is_refused(tmp_path, capsys):
         api.strategy_class("fedavgg")
 
 
+def test_list_params_prints_a_users_strategy_table_for_pyproject(capsys):
+    assert main(["list", "params", "--strategy", STRATEGY, "--toml"]) == 0
+    table = tomllib.loads(capsys.readouterr().out)
+    assert table == {"tool": {"flwr": {"app": {"config": {"server-step": {"lr": 1.0}}}}}}
+
+
 def test_the_staged_app_carries_the_users_modules_and_strategy_table(tmp_path):
     app = launcher.stage_app(tmp_path / "app", {"strategy": STRATEGY, "model": MODEL,
                                                 "dataset": ""})

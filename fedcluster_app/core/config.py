@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedcluster_app.core.plugins import is_import_path
-from fedcluster_app.core.project_files import project_file
+from fedcluster_app.core.project_files import presets_dir, project_file
 
 # checked here, resolved to a torch device by models.resolve_device (this module avoids torch)
 DEVICE_RULE = "'auto', 'cpu', 'cuda' or 'cuda:N'"
@@ -56,6 +56,30 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, ConfigValue]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def list_presets() -> list[tuple[str, str]]:
+    """``(name, its leading comment, cut to one line)`` of every bundled preset, by name."""
+    folder = presets_dir()
+    out = []
+    for path in sorted(folder.glob("*.toml")) if folder else []:
+        lines = path.read_text().splitlines()
+        head = " ".join(line.lstrip("# ").strip() for line in
+                        lines[:next((i for i, x in enumerate(lines) if not x.startswith("#")),
+                                    len(lines))])
+        out.append((path.stem, head if len(head) <= 110 else head[:107].rsplit(" ", 1)[0] + " ..."))
+    return out
+
+
+def preset_file(name: str) -> Path:
+    """The bundled preset ``name`` (``presets/<name>.toml``); an unknown name lists them."""
+    folder = presets_dir()
+    path = folder / f"{name}.toml" if folder else None
+    if path is None or not path.is_file():
+        names = [n for n, _ in list_presets()]
+        raise FileNotFoundError(f"unknown preset {name!r}{suggest(name, names)}; presets: "
+                                f"{', '.join(names) or 'none'}")
+    return path
 
 
 def parse_assignment(text: str) -> tuple[str, ConfigValue]:
@@ -154,6 +178,7 @@ class RunConfig:
     hidden: int
     init: str
     device: str
+    protocol: str
     train: TrainConfig
     fraction_train: float
     fraction_evaluate: float
@@ -239,6 +264,8 @@ def validate(cfg: RunConfig) -> None:
          f"model must be '', 'mlp', 'cnn' or 'package.module:callable' (your own model), got "
          f"{cfg.model!r}"),
         (is_device_name(cfg.device), f"device must be {DEVICE_RULE}, got {cfg.device!r}"),
+        (cfg.protocol in ("scenario", "none"),
+         f"protocol must be 'scenario' or 'none', got {cfg.protocol!r}"),
         (cfg.init in ("torch", "normal"), f"init must be 'torch' or 'normal', got {cfg.init!r}"),
         (t.optimizer in ("adam", "sgd"), f"optimizer must be 'adam' or 'sgd', got {t.optimizer!r}"),
         (_positive(t.lr), f"lr must be a positive finite number, got {t.lr}"),

@@ -6,8 +6,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from fedcluster_app.core.config import ConfigValue, RunConfig, parse_run_config
+from fedcluster_app.core.config import (ConfigValue, RunConfig, default_run_config,
+                                        parse_run_config)
 from fedcluster_app.core.data import Scenario, build_scenario
+from fedcluster_app.core.data.scenarios import scenario_protocol
 from fedcluster_app.core.data.scenarios import METADATA_ONLY
 from fedcluster_app.core.models import ModelSpec, check_model
 
@@ -17,6 +19,22 @@ class Experiment:
     cfg: RunConfig
     scenario: Scenario
     spec: ModelSpec
+    #: the settings the scenario's protocol set (keys the run config left at their defaults)
+    protocol: tuple[tuple[str, ConfigValue], ...] = ()
+
+
+def apply_protocol(cfg: RunConfig) -> tuple[RunConfig, dict[str, ConfigValue]]:
+    """The scenario's paper protocol for every key the run config leaves at its default
+    (``protocol = "scenario"``); ``protocol = "none"`` keeps the defaults. Server and clients
+    apply the same rule to the same run config, so they agree."""
+    if cfg.protocol == "none":
+        return cfg, {}
+    defaults = default_run_config()
+    applied = {k: v for k, v in scenario_protocol(cfg.scenario).items()
+               if k in defaults and cfg.raw.get(k) == defaults[k] and v != defaults[k]}
+    if not applied:
+        return cfg, {}
+    return parse_run_config({**cfg.raw, **applied}), applied
 
 
 def model_spec(cfg: RunConfig, scenario: Scenario) -> ModelSpec:
@@ -36,7 +54,7 @@ def load_experiment(run_config: dict[str, ConfigValue], server: bool = False) ->
 
 @lru_cache(maxsize=16)
 def _load(items: tuple[tuple[str, ConfigValue], ...], server: bool) -> Experiment:
-    cfg = parse_run_config(dict(items))
+    cfg, applied = apply_protocol(parse_run_config(dict(items)))
     kwargs = cfg.scenario_kwargs()
     if server and not (kwargs["data_dir"] and Path(str(kwargs["data_dir"])).is_dir()):
         kwargs["data_dir"] = METADATA_ONLY
@@ -44,4 +62,4 @@ def _load(items: tuple[tuple[str, ConfigValue], ...], server: bool) -> Experimen
     spec = model_spec(cfg, scenario)
     if spec.custom:
         check_model(spec)   # a user's model: import, output shape and weights, before round 1
-    return Experiment(cfg, scenario, spec)
+    return Experiment(cfg, scenario, spec, tuple(sorted(applied.items())))

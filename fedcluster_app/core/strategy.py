@@ -476,6 +476,10 @@ class ClusteredStrategy(Strategy):
         log(INFO, "%s (%s) on %s: %d clients, %d rounds (%s protocol)", self.name,
             self.description, self.exp.scenario.name, self.exp.scenario.num_clients,
             self.num_rounds, self.protocol.name)
+        if self.exp.protocol:
+            log(INFO, "%s's paper protocol sets %s (keys left at their defaults; --set one to "
+                "change it, protocol = \"none\" for the plain defaults)", self.exp.scenario.name,
+                ", ".join(f"{k}={v}" for k, v in self.exp.protocol))
 
     def start(
         self,

@@ -8,7 +8,8 @@ registry reads three conventional modules of every family:
 * ``strategies.py``: ``STRATEGIES``, the strategy classes it registers;
 * ``client.py``: ``HANDLERS``, the message kinds its clients answer (optional);
 * ``scenarios.py``: ``SCENARIOS``, its scenarios: ``(name, description, builder)``, or a
-  ``ScenarioDef`` of the core's standard catalogue (optional).
+  ``ScenarioDef`` of the core's standard catalogue (optional), and ``PROTOCOLS``, the run-config
+  settings its paper uses on them (scenario name -> settings; optional).
 
 The server imports only the strategies, a client only the handlers, so neither side loads the
 other's code. Adding an algorithm family means one new folder plus one line in ``FAMILIES``.
@@ -64,7 +65,7 @@ def register_scenarios() -> None:
     if _registered:
         return
     from fedcluster_app.core.data.scenarios import (ScenarioDef, define_scenario,
-                                                    register_scenario)
+                                                    register_scenario, set_protocol)
 
     for module in _modules("scenarios"):
         for entry in module.SCENARIOS:
@@ -72,6 +73,8 @@ def register_scenarios() -> None:
                 define_scenario(entry)
             else:
                 register_scenario(*entry)
+        for name, settings in getattr(module, "PROTOCOLS", {}).items():
+            set_protocol(name, settings)
     _registered = True
 
 

@@ -85,7 +85,8 @@ def run_one(name: str, cfg: dict) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        run_inprocess({**cfg, "out-dir": str(out)})
+        # recorded before scenarios declared their papers' protocols: the plain defaults
+        run_inprocess({"protocol": "none", **cfg, "out-dir": str(out)})
         rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         summary = json.loads((out / "summary.json").read_text())
     return {"name": name, "config": cfg, "rounds": strip(rounds), "summary": strip(summary)}

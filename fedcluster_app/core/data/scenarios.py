@@ -302,6 +302,24 @@ def register_scenario(name: str, description: str, builder: Callable[..., "Scena
     _EXTRA[key] = (description, lru_cache(maxsize=32)(builder))
 
 
+# Each paper's protocol for its own scenarios: run-config settings (rounds per step, local
+# work, optimizer, learning rate, model width, K) applied where the user left the default.
+_PROTOCOLS: dict[str, dict[str, object]] = {}
+
+
+def set_protocol(name: str, settings: dict[str, object]) -> None:
+    """Declare the run-config settings the paper behind scenario ``name`` uses."""
+    key = name.strip().lower()
+    if key not in _DEFS and key not in _EXTRA:
+        raise ValueError(f"protocol for unknown scenario {name!r}")
+    _PROTOCOLS[key] = dict(settings)
+
+
+def scenario_protocol(name: str) -> dict[str, object]:
+    """The declared protocol of a scenario (``{}`` when it has none)."""
+    return dict(_PROTOCOLS.get(str(name).strip().lower(), {}))
+
+
 def scenario_names() -> tuple[str, ...]:
     """Every scenario name, the built-in families and the registered ones, sorted."""
     return tuple(sorted([*_DEFS, *_EXTRA]))

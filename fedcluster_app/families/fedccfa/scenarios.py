@@ -91,3 +91,13 @@ SCENARIOS = [
      "by group; drift-pattern none | sudden (default) | incremental | recurring",
      build_digits_ccfa),
 ]
+
+
+# The FedCCFA paper's local training (docs/fedccfa.md; benchmarks/fedccfa_small.py): an MLP with
+# 64 hidden units, 5 SGD epochs per round (lr 0.01, momentum 0.9, weight decay 1e-5, batches of
+# 64), 5 rounds per time step.
+_PAPER = {"model": "mlp", "hidden": 64, "rounds-per-step": 5, "optimizer": "sgd", "lr": 0.01,
+          "momentum": 0.9, "weight-decay": 1e-5, "local-steps": 0, "local-epochs": 5,
+          "batch-size": 64}
+PROTOCOLS = {name: dict(_PAPER) for name in ("digits-ccfa", "digits-swap-incremental",
+                                             "digits-swap-recurring")}

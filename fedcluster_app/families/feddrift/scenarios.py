@@ -22,3 +22,12 @@ SCENARIOS = [
     ScenarioDef("sea4", "SEA-4 (FedDrift): thresholds 9, 8, 7, 9.5, 10% label noise; 4-concept "
                 "schedule F with recurrence", "sea", "4", "F", num_steps=11, drift_step=4),
 ]
+
+
+# The FedDrift paper's setup on its synthetic streams (docs/feddrift.md; benchmarks/
+# feddrift_reproduce.py): R = 100 rounds per time step of K = 50 local Adam steps on batches of
+# 50, lr 0.01 with L2 0.001, and as many clusters as the stream has concepts.
+_PAPER = {"rounds-per-step": 100, "local-steps": 50, "batch-size": 50, "optimizer": "adam",
+          "lr": 0.01, "weight-decay": 0.001}
+PROTOCOLS = {name: {**_PAPER, "num-clusters": k}
+             for name, k in (("sine2", 2), ("circle2", 2), ("sea2", 2), ("sea4", 4))}

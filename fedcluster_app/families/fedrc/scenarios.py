@@ -540,3 +540,12 @@ def _builder(name: str):
 
 #: (name, one-line description, builder) of every scenario of this family
 SCENARIOS = [(name, v.description, _builder(name)) for name, v in _VARIANTS.items()]
+
+
+# The FedRC paper's setup (docs/fedrc.md; presets/fedrc-shifts3.toml): one static time step of
+# T = 150 rounds, one SGD epoch (lr 0.2, batches of 32, last partial batch dropped) per round,
+# K = 3 clusters, weights N(0, 1/fan_in).
+_PAPER = {"rounds-per-step": 150, "num-clusters": 3, "init": "normal", "optimizer": "sgd",
+          "lr": 0.2, "local-steps": 0, "local-epochs": 1, "batch-size": 32, "drop-last": True}
+PROTOCOLS = {name: dict(_PAPER) for name in ("shifts-3", "shifts-3-mild", "shifts-feature-only",
+                                             "shifts-label-only", "shifts-concept-only")}

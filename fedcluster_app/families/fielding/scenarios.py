@@ -255,3 +255,17 @@ def _entries() -> list[tuple[str, str, object]]:
 
 #: (name, one-line description, builder) of every scenario of this family
 SCENARIOS = _entries()
+
+
+# Fielding's setup as the benchmarks run it (docs/fielding.md; benchmarks/fielding_*.py): local
+# SGD on batches of 20, 30% of the clients per round.
+PROTOCOLS = {
+    name: {"rounds-per-step": 5, "optimizer": "sgd", "lr": 0.3, "local-steps": 5,
+           "batch-size": 20, "fraction-train": 0.3}
+    for name in ("labels-small-large", "labels-frequent-small")
+} | {
+    name: {"rounds-per-step": 10, "optimizer": "sgd", "lr": 0.1, "local-steps": 10,
+           "batch-size": 20, "fraction-train": 0.3}
+    for name in ("digits-buckets", "mixture-buckets")
+} | {"digits-concept-swap": {"rounds-per-step": 5, "optimizer": "sgd", "lr": 0.1,
+                            "local-steps": 5, "batch-size": 20, "fraction-train": 0.5}}

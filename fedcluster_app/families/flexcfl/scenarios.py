@@ -372,3 +372,10 @@ _SCENARIOS = [
 #: (name, one-line description, builder) of every scenario of this family
 SCENARIOS = [(name, desc, _builder(name, desc, data, shift, n, t))
              for name, desc, data, shift, n, t in _SCENARIOS]
+
+
+# The FlexCFL paper's setup on Synthetic(1,1) (docs/flexcfl.md; presets/flexcfl-synthetic.toml):
+# a round per time step, 10 local SGD epochs (lr 0.01, batches of 10, L2 0.002), m = 5 groups.
+_PAPER = {"rounds-per-step": 1, "num-clusters": 5, "optimizer": "sgd", "lr": 0.01,
+          "weight-decay": 0.002, "local-steps": 0, "local-epochs": 10, "batch-size": 10}
+PROTOCOLS = {name: dict(_PAPER) for name, *_ in _SCENARIOS if name.startswith("synthetic-")}
