@@ -209,7 +209,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.what in ("all", "presets"):
         sections.append(("presets (fedcluster run --preset NAME)", list_presets()))
     if args.what in ("all", "protocols"):
-        from fedcluster_app.core.data.scenarios import scenario_protocol
+        from fedcluster_app.core.data.catalogue import scenario_protocol
 
         rows = [(name, ", ".join(f"{k}={v}" for k, v in scenario_protocol(name).items()))
                 for name, _ in list_scenarios() if scenario_protocol(name)]

@@ -563,7 +563,7 @@ def test_registered_scenarios_are_listed_built_and_cached():
         register_scenario,
         scenario_names,
     )
-    from fedcluster_app.core.data.scenarios import _EXTRA
+    from fedcluster_app.core.data.catalogue import _EXTRA
 
     calls = []
 

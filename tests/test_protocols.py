@@ -9,7 +9,7 @@ import pytest
 
 from fedcluster_app.cli import main
 from fedcluster_app.core.config import default_run_config, merge_overrides
-from fedcluster_app.core.data.scenarios import scenario_names, scenario_protocol
+from fedcluster_app.core.data.catalogue import scenario_names, scenario_protocol
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.config import list_presets, preset_file
 from fedcluster_app.engine import run_inprocess

@@ -12,7 +12,7 @@ import pytest
 import fedcluster_app.families  # noqa: F401  (the registered scenarios, e.g. digits-ccfa)
 from fedcluster_app.core.config import ConfigError, parse_run_config
 from fedcluster_app.core.data import build_scenario
-from fedcluster_app.core.data.scenarios import METADATA_ONLY
+from fedcluster_app.core.data.catalogue import METADATA_ONLY
 from fedcluster_app.core.data.sources import load_user_data
 
 ROOT = Path(__file__).resolve().parents[1]

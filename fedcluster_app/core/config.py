@@ -304,7 +304,7 @@ def _validate_data_keys(cfg: RunConfig) -> None:
     """The user-data and partition keys (their meaning: ``core/data/sources.py``,
     ``core/data/partition.py``); whether the scenario reads them is checked when it is built."""
     from fedcluster_app.core.data.partition import PARTITIONS
-    from fedcluster_app.core.data.scenarios import input_shape_arg
+    from fedcluster_app.core.data.pools import input_shape_arg
     from fedcluster_app.core.data.sources import parse_dataset_spec
 
     if cfg.partition not in ("", *PARTITIONS):

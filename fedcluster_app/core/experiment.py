@@ -9,8 +9,7 @@ from pathlib import Path
 from fedcluster_app.core.config import (ConfigValue, RunConfig, default_run_config,
                                         parse_run_config)
 from fedcluster_app.core.data import Scenario, build_scenario
-from fedcluster_app.core.data.scenarios import scenario_protocol
-from fedcluster_app.core.data.scenarios import METADATA_ONLY
+from fedcluster_app.core.data.catalogue import METADATA_ONLY, scenario_protocol
 from fedcluster_app.core.models import ModelSpec, check_model
 
 

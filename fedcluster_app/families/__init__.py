@@ -64,7 +64,7 @@ def register_scenarios() -> None:
     global _registered
     if _registered:
         return
-    from fedcluster_app.core.data.scenarios import (ScenarioDef, define_scenario,
+    from fedcluster_app.core.data.catalogue import (ScenarioDef, define_scenario,
                                                     register_scenario, set_protocol)
 
     for module in _modules("scenarios"):

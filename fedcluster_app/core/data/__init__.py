@@ -10,16 +10,18 @@ key ``dataset``) and River's bundled tables, ``partition.py`` for how a pool is 
 clients (nothing is ever downloaded).
 """
 
-from fedcluster_app.core.data.loaders import load_image_dataset
-from fedcluster_app.core.data.scenarios import (
-                                                DRIFT_PATTERNS,
+from fedcluster_app.core.data.catalogue import (
                                                 SCENARIO_NAMES,
-                                                Scenario,
-                                                StepData,
-                                                build_scenario,
                                                 list_scenarios,
                                                 register_scenario,
                                                 scenario_names,
+)
+from fedcluster_app.core.data.loaders import load_image_dataset
+from fedcluster_app.core.data.scenarios import (
+                                                DRIFT_PATTERNS,
+                                                Scenario,
+                                                StepData,
+                                                build_scenario,
 )
 from fedcluster_app.core.data.schedules import (
                                                 bundled_schedule,

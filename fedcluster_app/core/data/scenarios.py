@@ -113,17 +113,28 @@ from fedcluster_app.core.data.generators import (
     mixture_means,
     torchvision_pools,
 )
+from fedcluster_app.core.data.catalogue import (
+    _DEFS,
+    _EXTRA,
+    METADATA_ONLY,
+    ScenarioDef,
+    scenario_names,
+)
+from fedcluster_app.core.data.pools import (
+    check_not_pool,
+    nonneg_int,
+    partitioned,
+    pool_args,
+    user_pool_info,
+    user_source,
+)
 from fedcluster_app.core.data.river_streams import river_concepts
 
 __all__ = [
     "DRIFT_PATTERNS",
-    "SCENARIO_NAMES",
     "Scenario",
     "StepData",
     "build_scenario",
-    "list_scenarios",
-    "register_scenario",
-    "scenario_names",
 ]
 
 # Stream tags of the per-(client, step) generators: default_rng([data_seed, client, step, tag]).
@@ -133,8 +144,6 @@ TAG_PRIOR = 2  # per-client constants use step 0
 
 #: Valid ``drift_pattern`` values ("" = the scenario's own schedule).
 DRIFT_PATTERNS = ("none", "sudden", "incremental", "recurring", "staggered")
-# data_dir value for a scenario's metadata without its files (the server of a deployment)
-METADATA_ONLY = "<metadata-only>"
 _PATTERN_ALIASES = {"reoccurring": "recurring", "static": "none"}
 
 # mixture defaults
@@ -156,178 +165,6 @@ class StepData:
     x_test: np.ndarray  # float32, (n_test, *input_shape)
     y_test: np.ndarray  # int64, (n_test,)
     concept: int  # ground-truth concept id (metrics and the Oracle only)
-
-
-# ----------------------------------------------------------------------------- definitions
-
-
-@dataclass(frozen=True)
-class ScenarioDef:
-    """A scenario of the standard catalogue: a data kind with its concepts (the table in the
-    module docstring), a schedule (a bundled ``.cp`` name or a drift pattern) and its sizes.
-    The core defines the mixtures, River's streams and the image pools; a family adds its own with
-    :func:`define_scenario` (FedDrift: SINE-2, CIRCLE-2, SEA-2, SEA-4)."""
-
-    name: str
-    description: str
-    data: str  # sine | circle | sea | river | mixture | digits | mnist | fashion-mnist | cifar10
-    # sea: "2"/"4"; river: stagger/agrawal/hyperplane/rbf; mixture: swap/prior;
-    # images: static/swap/rotate/noise
-    variant: str
-    schedule: str  # a bundled schedule name ("Y", "F") or a drift pattern
-    num_clients: int = 10
-    num_steps: int = 6
-    drift_step: int = 3
-    samples: int = 500
-    test_samples: int = 200
-    alpha: float = math.inf  # default Dirichlet label skew (inf = uniform class prior)
-
-    @property
-    def tabular(self) -> bool:
-        return self.data in ("sine", "circle", "sea", "river")
-
-    @property
-    def needs_data_dir(self) -> bool:
-        return self.data in ("mnist", "fashion-mnist", "cifar10")
-
-
-def _defs() -> dict[str, ScenarioDef]:
-    out: list[ScenarioDef] = [
-        ScenarioDef("mixture-swap", "Gaussian 4-class mixture in 8-d; clients 0-4 get permuted labels "
-             "from step 3 (small, fast)", "mixture", "swap", "sudden", samples=200,
-             test_samples=100),
-        ScenarioDef("mixture-prior", "Gaussian 4-class mixture in 8-d; label shift: clients 0-4 put 90% "
-             "of their data on classes 0-1 from step 3", "mixture", "prior", "sudden",
-             samples=200, test_samples=100),
-        # River's synthetic streams (river_streams.py); concepts and targets: module docstring
-        ScenarioDef("stagger3", "STAGGER (River): 3 boolean rules on one-hot size/colour/shape "
-             "(9-d), balanced classes; clients 0-4 switch to rule 1 + k % 2 at step 3", "river",
-             "stagger", "sudden"),
-        ScenarioDef("agrawal4", "Agrawal (River): loan functions 0-3 on 13-d standardised "
-             "features, balanced classes; 4-concept schedule F", "river", "agrawal", "F",
-             num_steps=11, drift_step=4),
-        ScenarioDef("hyperplane2", "Hyperplane (River): two 10-d hyperplanes 66 degrees apart, 5% "
-             "label noise; staggered 2-concept schedule Y", "river", "hyperplane", "Y",
-             num_steps=11, drift_step=4),
-        ScenarioDef("rbf4", "RandomRBF (River): 4 centroid sets (20 centroids, 4 classes) in 10-d; "
-             "staggered: each client draws a concept at steps 3 and 5", "river", "rbf",
-             "staggered"),
-    ]
-    images = {
-        "digits": ("scikit-learn 8x8 digits", 200, 100),
-        "mnist": ("MNIST (local data-dir)", 500, 200),
-        "fmnist": ("Fashion-MNIST (local data-dir)", 500, 200),
-        "cifar10": ("CIFAR-10 (local data-dir)", 500, 200),
-    }
-    for prefix, (label, n, n_test) in images.items():
-        data = "fashion-mnist" if prefix == "fmnist" else prefix
-        common = dict(samples=n, test_samples=n_test, alpha=1.0)
-        out += [
-            ScenarioDef(f"{prefix}-static", f"{label}, Dirichlet(1) label skew, no drift", data,
-                 "static", "none", **common),
-            ScenarioDef(f"{prefix}-swap", f"{label}; concept shift: FedCCFA label swaps (1<->2, 3<->4, "
-                 "5<->6 by client group) at step 3", data, "swap", "sudden", **common),
-            ScenarioDef(f"{prefix}-rotate", f"{label}; feature shift: even clients see images rotated "
-                 "by 90 degrees from step 3", data, "rotate", "sudden", **common),
-            ScenarioDef(f"{prefix}-noise", f"{label}; feature shift: even clients get additive "
-                 "Gaussian noise (std 0.5) from step 3", data, "noise", "sudden", **common),
-            *_pool_variants(prefix, label, data, ("permute", "prior"), **common),
-        ]
-    # a user's dataset (run-config key `dataset`) and the tables River ships (sources.py)
-    out += _pool_variants("dataset", "your dataset (run-config key dataset)", "dataset",
-                          POOL_VARIANTS, samples=200, test_samples=100, alpha=1.0)
-    for table, (label, classes) in RIVER_TABLE_POOLS.items():
-        variants = [v for v in POOL_VARIANTS if v != "rotate" and (v != "swap" or classes >= 7)]
-        out += _pool_variants(table.lower(), label, f"table:{table}", variants, samples=200,
-                              test_samples=100, alpha=1.0)
-    return {d.name: d for d in out}
-
-
-#: the realisations of every class pool (swap needs >= 7 classes, rotate needs images)
-POOL_VARIANTS = ("static", "swap", "permute", "rotate", "noise", "prior")
-#: River's bundled classification tables: (description, number of classes)
-RIVER_TABLE_POOLS = {
-    "ImageSegments": ("River's ImageSegments table (7 classes, 18 features)", 7),
-    "Shuttle": ("River's Shuttle table (2 classes, 9 features)", 2),
-    "Phishing": ("River's Phishing table (2 classes, 9 features)", 2),
-    "Bananas": ("River's Bananas table (2 classes, 2 features)", 2),
-}
-_VARIANT_TEXT = {
-    "static": "Dirichlet(1) label skew, no drift",
-    "swap": "concept shift: FedCCFA label swaps (1<->2, 3<->4, 5<->6 by client group) at step 3",
-    "permute": "concept shift: the first half of the clients relabel y -> (y+1) % C from step 3",
-    "rotate": "feature shift: even clients see images rotated by 90 degrees from step 3",
-    "noise": "feature shift: even clients get additive Gaussian noise (std 0.5) from step 3",
-    "prior": "label shift: the first half of the clients put 90% of their data on the first "
-             "half of the classes from step 3",
-}
-
-
-def _pool_variants(prefix: str, label: str, data: str, variants, **common) -> list[ScenarioDef]:
-    """The ``<prefix>-<variant>`` scenarios of a class pool (static = no drift, else sudden)."""
-    return [ScenarioDef(f"{prefix}-{v}", f"{label}{', ' if v == 'static' else '; '}"
-                        f"{_VARIANT_TEXT[v]}", data, v, "none" if v == "static" else "sudden",
-                        **common) for v in variants]
-
-
-_DEFS = _defs()
-#: the scenarios the core defines itself (families add theirs: :func:`scenario_names`)
-SCENARIO_NAMES: tuple[str, ...] = tuple(sorted(_DEFS))
-
-
-def define_scenario(d: ScenarioDef) -> None:
-    """Add a scenario of the standard catalogue (its data kind is one of the core's)."""
-    key = d.name.strip().lower()
-    if key in _DEFS or key in _EXTRA:
-        raise ValueError(f"scenario {d.name!r} is already defined")
-    _DEFS[key] = d
-
-
-# Scenario families defined in other modules (FlexCFL's Synthetic(a,b), FedRC's populations, ...):
-# name -> (description, builder). See register_scenario.
-_EXTRA: dict[str, tuple[str, Callable[..., "Scenario"]]] = {}
-
-
-def register_scenario(name: str, description: str, builder: Callable[..., "Scenario"]) -> None:
-    """Add a named scenario built by ``builder(**kwargs)``.
-
-    ``kwargs`` are :func:`build_scenario`'s keyword arguments as the user gave them (``0`` /
-    ``""`` = "your default"); the builder validates them (ValueError naming the problem) and
-    returns a :class:`Scenario` (or an object with the same interface) whose ``params`` are
-    those kwargs plus ``name``. Results are cached: identical arguments give the same object.
-    """
-    key = name.strip().lower()
-    if key in _DEFS or key in _EXTRA:
-        raise ValueError(f"scenario {name!r} is already defined")
-    _EXTRA[key] = (description, lru_cache(maxsize=32)(builder))
-
-
-# Each paper's protocol for its own scenarios: run-config settings (rounds per step, local
-# work, optimizer, learning rate, model width, K) applied where the user left the default.
-_PROTOCOLS: dict[str, dict[str, object]] = {}
-
-
-def set_protocol(name: str, settings: dict[str, object]) -> None:
-    """Declare the run-config settings the paper behind scenario ``name`` uses."""
-    key = name.strip().lower()
-    if key not in _DEFS and key not in _EXTRA:
-        raise ValueError(f"protocol for unknown scenario {name!r}")
-    _PROTOCOLS[key] = dict(settings)
-
-
-def scenario_protocol(name: str) -> dict[str, object]:
-    """The declared protocol of a scenario (``{}`` when it has none)."""
-    return dict(_PROTOCOLS.get(str(name).strip().lower(), {}))
-
-
-def scenario_names() -> tuple[str, ...]:
-    """Every scenario name, the built-in families and the registered ones, sorted."""
-    return tuple(sorted([*_DEFS, *_EXTRA]))
-
-
-def list_scenarios() -> list[tuple[str, str]]:
-    """``(name, one-line description)`` of every named scenario, sorted by name."""
-    return [(n, _DEFS[n].description if n in _DEFS else _EXTRA[n][0]) for n in scenario_names()]
 
 
 # ---------------------------------------------------------------------------------- families
@@ -378,7 +215,7 @@ def _family(d: ScenarioDef, num_classes: int = 10, image: bool = True) -> _Famil
                                   prior_weights=tuple([1.0] * half + [1.0 / 9.0] * (c - half)))
         return _Family([ClassConcept("original"), second], ["original", second.name],
                        _first_half, lambda k: 1)
-    if d.variant in ("permute", "prior") or _user_pool(d):
+    if d.variant in ("permute", "prior") or d.user_pool:
         return _pool_family(d, num_classes, image)
     # image pools
     if d.variant in ("static", "swap"):
@@ -395,11 +232,6 @@ def _family(d: ScenarioDef, num_classes: int = 10, image: bool = True) -> _Famil
     else:  # pragma: no cover - guarded by _defs
         raise AssertionError(d.variant)
     return _Family(concepts, [c.name for c in concepts], _even, lambda k: 1)
-
-
-def _user_pool(d: ScenarioDef) -> bool:
-    """A pool whose data come from ``sources.py``: the user's ``dataset`` or a River table."""
-    return d.data == "dataset" or d.data.startswith("table:")
 
 
 def _pool_family(d: ScenarioDef, c: int, image: bool) -> _Family:
@@ -659,27 +491,10 @@ _PARAM_NAMES = ("name", "seed", "num_clients", "num_steps", "samples_per_step", 
                 "schedule", "drift_pattern", "drift_step", "dirichlet_alpha", "data_dir",
                 "dataset", "partition", "disjoint", "classes_per_client", "test_fraction",
                 "num_classes", "input_shape")
-# the pool-only arguments (user data, partition) and their "scenario default" values
-_POOL_DEFAULTS = {"dataset": "", "partition": "", "disjoint": False, "classes_per_client": 0,
-                  "test_fraction": 0.0, "num_classes": 0, "input_shape": ""}
-
-
 def _rebuild(params: tuple) -> Scenario:
     if params[0] in _EXTRA:
         return build_scenario(**dict(zip(_PARAM_NAMES, params)))
     return _build_cached(*params)
-
-
-def _nonneg_int(key: str, value: object) -> int:
-    if isinstance(value, float) and value.is_integer():  # e.g. 10.0 from a loose config
-        value = int(value)
-    try:
-        v = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(f"{key} must be an integer, got {value!r}") from None
-    if v < 0:
-        raise ValueError(f"{key} must be >= 0 (0 = the scenario's default), got {v}")
-    return v
 
 
 def dirichlet_alpha_arg(value: object) -> float:
@@ -692,163 +507,6 @@ def dirichlet_alpha_arg(value: object) -> float:
         raise ValueError(f"dirichlet_alpha must be >= 0 (0 = the scenario's default, inf = no "
                          f"label skew), got {value!r}")
     return alpha
-
-
-def _dataset_scenarios() -> str:
-    return ", ".join(n for n in sorted(_DEFS) if _DEFS[n].data == "dataset")
-
-
-def _pool_scenarios() -> str:
-    return ", ".join(sorted({n.rsplit("-", 1)[0] + "-*" for n, d in _DEFS.items()
-                             if _is_pool(d)}))
-
-
-def _is_pool(d: ScenarioDef) -> bool:
-    return d.data in ("digits", "mnist", "fashion-mnist", "cifar10") or _user_pool(d)
-
-
-def _check_not_pool(key: str, args: dict) -> None:
-    """A registered scenario reads none of the pool arguments: refuse any that is set."""
-    if str(args["dataset"]).strip():
-        raise ValueError(f"scenario {key} does not read the run-config key `dataset`; only "
-                         f"{_dataset_scenarios()} do")
-    for name in ("partition", "disjoint", "num_classes", "input_shape"):
-        if _pool_value(name, args[name]) != _POOL_DEFAULTS[name]:
-            raise ValueError(f"scenario {key} does not read `{name.replace('_', '-')}`; it "
-                             f"applies to the pool families ({_pool_scenarios()})")
-
-
-def _pool_value(name: str, value: object) -> object:
-    """One pool argument in its canonical type (the run config's strings, bools, numbers)."""
-    if name == "disjoint":
-        if isinstance(value, str) and value.strip().lower() in ("", "false", "0", "no"):
-            return False
-        if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"):
-            return True
-        if isinstance(value, (bool, int, np.bool_)):
-            return bool(value)
-        raise ValueError(f"disjoint must be true or false, got {value!r}")
-    if name in ("classes_per_client", "num_classes"):
-        return _nonneg_int(name, 0 if value == "" else value)
-    if name == "test_fraction":
-        try:
-            return float(value or 0.0)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise ValueError(f"test_fraction must be a number in (0, 1), got {value!r}") from None
-    if name == "input_shape":
-        return ",".join(str(v) for v in input_shape_arg(value))
-    return str(value).strip()
-
-
-def input_shape_arg(value: object) -> tuple[int, ...]:
-    """``"1,28,28"`` (images: channels, height, width) or ``"18"`` (features) as a tuple;
-    ``""`` = ``()`` (from the data)."""
-    if isinstance(value, (tuple, list)):
-        parts = [str(v) for v in value]
-    else:
-        text = str(value).strip().strip("()[]")
-        parts = [v for v in text.replace("x", ",").split(",") if v.strip()] if text else []
-    try:
-        shape = tuple(int(v) for v in parts)
-    except ValueError:
-        shape = ()
-        parts = ["?"]
-    if parts and (len(shape) not in (1, 3) or min(shape) < 1):
-        raise ValueError(f"input-shape must be \"C,H,W\" (images) or \"F\" (features) with "
-                         f"positive sizes, e.g. \"1,28,28\" or \"18\" (\"\" = from the data), "
-                         f"got {value!r}")
-    return shape
-
-
-def _pool_args(d: ScenarioDef, args: dict) -> tuple:
-    """The canonical pool arguments of ``d`` (``_POOL_DEFAULTS`` order), checked."""
-    v = {name: _pool_value(name, args[name]) for name in _POOL_DEFAULTS}
-    if d.data == "dataset":
-        if not v["dataset"]:
-            raise ValueError(f"scenario {d.name} reads your data: set the run-config key "
-                             f"`dataset` (npz:PATH, imagefolder:PATH, hf-disk:PATH, "
-                             f"river:<Table> or package.module:callable)")
-        from fedcluster_app.core.data.sources import parse_dataset_spec
-
-        kind, ref = parse_dataset_spec(str(v["dataset"]))
-        v["dataset"] = ref if kind == "module" else f"{kind}:{ref}"
-    elif v["dataset"]:
-        raise ValueError(f"scenario {d.name} does not read the run-config key `dataset` (its data "
-                         f"are its own); the scenarios that read it are {_dataset_scenarios()}")
-    elif v["num_classes"] or v["input_shape"]:
-        raise ValueError(f"num-classes and input-shape describe the data of {_dataset_scenarios()}"
-                         f"; scenario {d.name} does not read them (leave them 0 and \"\")")
-    from fedcluster_app.core.data.partition import PARTITIONS
-
-    part = str(v["partition"]).lower()
-    if part and part not in PARTITIONS:
-        raise ValueError(f"unknown partition {v['partition']!r}; valid: {', '.join(PARTITIONS)} "
-                         f"(or \"\" for the scenario's default)")
-    v["partition"] = part
-    if (part or v["disjoint"]) and not (_is_pool(d) or (d.data == "mixture" and not
-                                                         v["disjoint"])):
-        raise ValueError(f"scenario {d.name} has no data pool: partition and disjoint apply to "
-                         f"the pool families ({_pool_scenarios()}; a mixture takes partition "
-                         f"without disjoint)")
-    v["classes_per_client"] = (v["classes_per_client"] or 2) if part == "pathological" else 0
-    if _user_pool(d):
-        tf = v["test_fraction"] or 0.25
-        if not 0.0 < tf < 1.0:
-            raise ValueError(f"test-fraction must be in (0, 1) (0 = 0.25), got {tf}")
-        v["test_fraction"] = float(tf)
-    else:
-        v["test_fraction"] = 0.0
-    return tuple(v[name] for name in _POOL_DEFAULTS)
-
-
-@dataclass(frozen=True)
-class _PoolInfo:
-    """What a user pool contributes to a scenario: its classes, input shape and (unless the
-    process cannot read it) its data."""
-
-    num_classes: int
-    input_shape: tuple[int, ...]
-    image: bool
-    data: object | None  # sources.UserData
-
-
-def _user_pool_info(d: ScenarioDef, dataset: str, seed: int, test_fraction: float,
-                    num_classes: int, input_shape: str, data_dir: str) -> _PoolInfo:
-    import fedcluster_app.core.data.sources as sources
-
-    spec = dataset if d.data == "dataset" else "river:" + d.data.split(":", 1)[1]
-    shape = input_shape_arg(input_shape)
-    if data_dir == METADATA_ONLY and not sources.spec_is_readable(spec):
-        if not (num_classes and shape):
-            raise ValueError(
-                f"scenario {d.name}: this process (the server of a deployment) cannot read "
-                f"dataset {spec!r}; set the run-config keys num-classes and input-shape (e.g. "
-                f"\"1,28,28\" or \"18\") so that it knows the model without the data")
-        return _PoolInfo(num_classes, shape, len(shape) == 3, None)
-    data = sources.load_user_data(spec, seed, test_fraction)
-    c = data.num_classes
-    if num_classes:
-        if num_classes < c:
-            raise ValueError(f"num-classes = {num_classes}, but dataset {spec!r} has labels up to "
-                             f"{c - 1}; expected num-classes >= {c} (0 = from the data)")
-        c = num_classes
-    if shape and shape != data.input_shape:
-        raise ValueError(f"input-shape = {input_shape!r}, but dataset {spec!r} has inputs of "
-                         f"shape {data.input_shape}; expected the same (\"\" = from the data)")
-    return _PoolInfo(c, data.input_shape, data.image, data)
-
-
-def _user_source(info: _PoolInfo):
-    """The train/test pools of a user pool (images or flat features)."""
-    from fedcluster_app.core.data.generators import ImagePool
-    from fedcluster_app.core.data.partition import FeaturePool, FeatureSource
-
-    data = info.data
-    if info.image:
-        return ImageSource(ImagePool(data.x_train, data.y_train, info.num_classes, data.max_value),
-                           ImagePool(data.x_test, data.y_test, info.num_classes, data.max_value))
-    return FeatureSource(FeaturePool(data.x_train, data.y_train, info.num_classes),
-                         FeaturePool(data.x_test, data.y_test, info.num_classes))
 
 
 def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps: int = 0,
@@ -892,11 +550,11 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
         FileNotFoundError: data_dir lacks the dataset's files.
     """
     key = str(name).strip().lower()
-    pool_args = dict(dataset=dataset, partition=partition, disjoint=disjoint,
-                     classes_per_client=classes_per_client, test_fraction=test_fraction,
-                     num_classes=num_classes, input_shape=input_shape)
+    given = dict(dataset=dataset, partition=partition, disjoint=disjoint,
+                 classes_per_client=classes_per_client, test_fraction=test_fraction,
+                 num_classes=num_classes, input_shape=input_shape)
     if key in _EXTRA:
-        _check_not_pool(key, pool_args)
+        check_not_pool(key, given)
         return _EXTRA[key][1](
             seed=seed, num_clients=num_clients, num_steps=num_steps,
             samples_per_step=samples_per_step, test_samples=test_samples, schedule=schedule,
@@ -905,12 +563,12 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
     if key not in _DEFS:
         raise ValueError(f"unknown scenario {name!r}; valid names: {', '.join(scenario_names())}")
     d = _DEFS[key]
-    seed = _nonneg_int("seed", seed)
-    num_clients = _nonneg_int("num_clients", num_clients)
-    num_steps = _nonneg_int("num_steps", num_steps)
-    samples_per_step = _nonneg_int("samples_per_step", samples_per_step)
-    test_samples = _nonneg_int("test_samples", test_samples)
-    drift_step = _nonneg_int("drift_step", drift_step)
+    seed = nonneg_int("seed", seed)
+    num_clients = nonneg_int("num_clients", num_clients)
+    num_steps = nonneg_int("num_steps", num_steps)
+    samples_per_step = nonneg_int("samples_per_step", samples_per_step)
+    test_samples = nonneg_int("test_samples", test_samples)
+    drift_step = nonneg_int("drift_step", drift_step)
     alpha = dirichlet_alpha_arg(dirichlet_alpha)
     pattern = str(drift_pattern).strip().lower()
     pattern = _PATTERN_ALIASES.get(pattern, pattern)
@@ -937,23 +595,10 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
         data_dir = ""
     if alpha == 0.0 or d.tabular:
         alpha = d.alpha if not d.tabular else math.inf
-    pool = _pool_args(d, pool_args)
+    pool = pool_args(d, given)
     return _build_cached(key, seed, num_clients, num_steps, samples_per_step or d.samples,
                          test_samples or d.test_samples, schedule, pattern, drift_step, alpha,
                          data_dir, *pool)
-
-
-def _partitioned(base_factory: Callable[[], ClassRealisation], partition: str, disjoint: bool,
-                 num_clients: int, alpha: float, k: int, seed: int
-                 ) -> Callable[[], ClassRealisation]:
-    """The factory of ``base_factory``'s realisation shared across clients as ``partition`` and
-    ``disjoint`` say (``partition.py``)."""
-    def factory():
-        from fedcluster_app.core.data.partition import partition_realisation
-
-        return partition_realisation(base_factory(), partition, disjoint, num_clients, alpha, k,
-                                     seed)
-    return factory
 
 
 def _load_schedule(ref: str) -> tuple[np.ndarray, str]:
@@ -973,8 +618,8 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
     params = (name, seed, num_clients, num_steps, samples, test_samples, schedule, pattern,
               drift_step, alpha, data_dir, dataset, partition, disjoint, classes_per_client,
               test_fraction, num_classes, input_shape)
-    info = (_user_pool_info(d, dataset, seed, test_fraction, num_classes, input_shape, data_dir)
-            if _user_pool(d) else None)
+    info = (user_pool_info(d, dataset, seed, test_fraction, num_classes, input_shape, data_dir)
+            if d.user_pool else None)
     fam = _family(d) if info is None else _family(d, info.num_classes, info.image)
     n_base = len(fam.concepts)
     description = d.description
@@ -1057,7 +702,7 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
                 if info.data is None:
                     raise RuntimeError(f"scenario {name} was built without its data (on the "
                                        f"server of a deployment); its data live on the clients")
-                return ClassRealisation(_user_source(info), concepts, priors)
+                return ClassRealisation(user_source(info), concepts, priors)
         else:
             from fedcluster_app.core.data.loaders import IMAGE_DATASETS, _check_files
 
@@ -1072,7 +717,7 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
                 return ClassRealisation(ImageSource(*torchvision_pools(d.data, data_dir)),
                                         concepts, priors)
         if partition not in ("", "dirichlet") or disjoint:
-            factory = _partitioned(factory, partition, disjoint, p, alpha, classes_per_client,
+            factory = partitioned(factory, partition, disjoint, p, alpha, classes_per_client,
                                    seed)
             description += (f" [partition {partition or 'dirichlet'}"
                             f"{', disjoint shards' if disjoint else ''}]")

@@ -9,7 +9,7 @@ the app (``core/data/feddrift_changepoints.json``).
 
 from __future__ import annotations
 
-from fedcluster_app.core.data.scenarios import ScenarioDef
+from fedcluster_app.core.data.catalogue import ScenarioDef
 
 #: the family's scenarios (entries of the core's standard catalogue)
 SCENARIOS = [
