@@ -66,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     dep.add_argument("--tls", action="store_true", help="TLS with a self-signed CA in DIR/certs")
     dep.add_argument("--auth", action="store_true",
                      help="SuperNode authentication: keys in DIR/keys, registered with the SuperLink")
-    dep.add_argument("--data-dir", help="node-config data-dir of every SuperNode (local data)")
+    dep.add_argument("--data-dir", help="node-config data-dir of every SuperNode (its local data: a "
+                     "torchvision directory or a dataset such as npz:PATH); {id} becomes the "
+                     "node's client-id, e.g. npz:data/client{id}.npz")
 
     cert = sub.add_parser("certs", help="make a self-signed CA and a server certificate")
     cert.add_argument("dir", type=Path)
@@ -231,11 +233,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _absolute_data_dir(value: str) -> str:
+    """The SuperNodes run in their own directory: make a relative path (of a directory or of
+    a dataset such as ``npz:data/x.npz``) absolute."""
+    kind, sep, path = value.partition(":")
+    if sep and kind in ("npz", "imagefolder", "hf-disk"):
+        return f"{kind}:{Path(path).expanduser().resolve()}"
+    return str(Path(value).expanduser().resolve())
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     from fedcluster_app.deploy import LocalDeployment
 
     if args.action == "up":
-        configs = [{"client-id": i, **({"data-dir": args.data_dir} if args.data_dir else {})}
+        configs = [{"client-id": i, **({"data-dir": _absolute_data_dir(
+                        args.data_dir.replace("{id}", str(i)))} if args.data_dir else {})}
                    for i in range(args.nodes)]
         dep = LocalDeployment(args.dir, tls=args.tls, auth=args.auth, port=args.port,
                               node_configs=configs).up()

@@ -100,3 +100,12 @@ def test_keys_makes_supernode_key_pairs_and_refuses_an_unknown_federation(tmp_pa
     err = capsys.readouterr().err
     assert "unknown federation 'nowhere'" in err and "local-tls" in err
     assert not (tmp_path / "other").exists()                       # nothing made on a bad call
+
+
+def test_deploy_data_dir_is_made_absolute_for_the_supernodes(tmp_path, monkeypatch):
+    from fedcluster_app.cli import _absolute_data_dir
+
+    monkeypatch.chdir(tmp_path)
+    assert _absolute_data_dir("npz:data/client3.npz") == f"npz:{tmp_path}/data/client3.npz"
+    assert _absolute_data_dir("hf-disk:ds") == f"hf-disk:{tmp_path}/ds"
+    assert _absolute_data_dir("mnist-files") == str(tmp_path / "mnist-files")
