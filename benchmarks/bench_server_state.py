@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--strategy", default="ifca")
     args = ap.parse_args()
     rc = merge_overrides(default_run_config(), {"strategy": args.strategy, "scenario": "circle2",
-                                                "num-clients": args.clients})
+                                                "num-clients": args.clients, "protocol": "none"})
     exp = load_experiment(rc)
     grid = InfoOnlyGrid(rc, args.clients)
     gc.collect()

@@ -41,7 +41,7 @@ SCENARIOS = {p: "digits-ccfa" for p in ("none", "sudden", "incremental", "recurr
 COMMON = {
     "model": "mlp", "hidden": 64, "num-steps": STEPS, "rounds-per-step": RPS,
     "drift-step": DRIFT_STEP, "samples-per-step": 135, "test-samples": 100,
-    "dirichlet-alpha": 0.5, "progress": False, "plot": False,
+    "dirichlet-alpha": 0.5, "progress": False, "plot": False, "protocol": "none",
     # the paper's local training for single-model baselines
     "optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight-decay": 1e-5, "local-steps": 0,
     "local-epochs": 5, "batch-size": 64,

@@ -40,7 +40,7 @@ def run(strategy: str, scenario: str, seed: int, **overrides) -> tuple[dict, lis
                    or k.startswith("auxo."))
     out = OUT / f"{scenario}-{strategy}-s{seed}{'-' + tag if tag else ''}"
     cfg = {"strategy": strategy, "scenario": scenario, "seed": seed, "out-dir": str(out),
-           "progress": False, "plot": False, **overrides}
+           "progress": False, "plot": False, "protocol": "none", **overrides}
     t0 = time.perf_counter()
     summary = run_inprocess(cfg)
     return summary, load_run(out)[1], time.perf_counter() - t0

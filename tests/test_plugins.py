@@ -177,3 +177,14 @@ def test_clients_train_on_the_resolved_device(fast_config):
     assert client.device == "cpu"
     model = client.scratch(models.initial_weights(client.exp.spec, 0))
     assert next(model.parameters()).device.type == "cpu"
+
+
+def test_fedcluster_run_with_a_users_model_and_dataset_in_process(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--scenario", "dataset-permute", "--set", f"model={MODEL}",
+                 "--set", "dataset=tests.plugins.my_data:load", "--set", "num-steps=4",
+                 "--set", "rounds-per-step=2", "--set", "plot=false", "--out", str(out)]) == 0
+    summary, rounds = load_run(out)
+    assert summary["status"] == "completed" and summary["failures"] == 0
+    assert summary["config"]["model"] == MODEL and len(rounds) == 8
+    assert rounds[1]["accuracy"] > 0.9          # three separable blobs (chance 1/3) before the drift
