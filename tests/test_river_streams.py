@@ -26,6 +26,7 @@ FAMILIES = {
     "agrawal": ("agrawal4", 4, 13, 2),
     "hyperplane": ("hyperplane2", 2, 10, 2),
     "rbf": ("rbf4", 4, 10, 4),
+    "rbf-drift": ("rbf-drift", 2, 10, 4),
 }
 
 
@@ -141,11 +142,13 @@ def test_hyperplane_weights_are_rivers_and_the_two_concepts_differ():
     assert 0.03 < (y != a.label(x)).mean() < 0.07  # 5% label noise
 
 
-def test_only_the_hyperplane_has_intermediate_concepts():
+def test_only_the_hyperplane_and_the_drifting_rbf_have_intermediate_concepts():
     a, b = river_concepts("hyperplane")
     mid = a.interpolate(b, 0.5)
     assert isinstance(mid, HyperplaneConcept)
     np.testing.assert_allclose(mid.weights, (np.array(a.weights) + b.weights) / 2)
+    start, end = river_concepts("rbf-drift")
+    assert start.interpolate(end, 0.25).position == end.position // 4
     for variant in ("stagger", "agrawal", "rbf"):
         c0, c1 = river_concepts(variant)[:2]
         assert c0.interpolate(c1, 0.5) is None

@@ -27,7 +27,7 @@ class ScenarioDef:
     name: str
     description: str
     data: str  # sine | circle | sea | river | mixture | digits | mnist | fashion-mnist | cifar10
-    # sea: "2"/"4"; river: stagger/agrawal/hyperplane/rbf; mixture: swap/prior;
+    # sea: "2"/"4"; river: stagger/agrawal/hyperplane/rbf/rbf-drift; mixture: swap/prior;
     # images: static/swap/rotate/noise
     variant: str
     schedule: str  # a bundled schedule name ("Y", "F") or a drift pattern
@@ -78,6 +78,8 @@ def _defs() -> dict[str, ScenarioDef]:
         ScenarioDef("rbf4", "RandomRBF (River): 4 centroid sets (20 centroids, 4 classes) in 10-d; "
              "staggered: each client draws a concept at steps 3 and 5", "river", "rbf",
              "staggered"),
+        ScenarioDef("rbf-drift", "RandomRBFDrift (River): 20 moving centroids (4 classes, 10-d); clients 0-4 follow the moving stream from step 3 through two intermediate "
+             "positions (incremental)", "river", "rbf-drift", "incremental"),
     ]
     images = {
         "digits": ("scikit-learn 8x8 digits", 200, 100),

@@ -13,8 +13,11 @@ generator while the rule depends only on the concept's own parameters.
 * :class:`HyperplaneConcept`: a hyperplane of River's ``Hyperplane`` in ``d`` dimensions with
   explicit weights (drawn as River draws them from a seed), so intermediate hyperplanes exist.
 * :class:`RbfConcept`: ``RandomRBF(seed_model=...)``: one centroid set per concept.
+* :class:`RbfDriftConcept`: ``RandomRBFDrift``: one stream whose centroids move; a concept is a
+  position on it (the centroids after so many items), and its items keep moving a little.
 
 Cost of ``sample(500, rng)`` (one core): STAGGER ~3 ms, Hyperplane ~4 ms, RandomRBF ~6 ms,
+RandomRBFDrift ~6 ms plus ~40 us per item skipped to its position (~0.15 s for concept B),
 Agrawal 50-90 ms (River builds every Agrawal item with ``eval``): the slowest, ~10 s for all the
 data of a 10-client, 11-step scenario, spread over its clients. River itself is imported on the
 first sample (~2 s), so building a scenario's metadata does not pay for it.
@@ -72,6 +75,14 @@ def _one_hot(codes: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------- STAGGER
+
+
+#: RandomRBFDrift: every centroid moves RBF_DRIFT_SPEED per item; concept B is the stream after
+#: RBF_DRIFT_ITEMS items (a move of 1.0 along each centroid's direction, bouncing off the unit
+#: cube: an MLP fit on A scores 0.93 on A and 0.50 on B), while the 500 items of one step move
+#: them 1/8 of that. Skipping to B costs about 0.15 s per (client, step) sample on one core.
+RBF_DRIFT_SPEED = 2.5e-4
+RBF_DRIFT_ITEMS = 4000
 
 
 @dataclass(frozen=True)
@@ -248,6 +259,45 @@ class RbfConcept:
         return None
 
 
+@dataclass(frozen=True)
+class RbfDriftConcept:
+    """``RandomRBFDrift``: River's RBF stream whose first ``n_drift_centroids`` centroids (all
+    of them here) move ``change_speed`` per item along fixed random directions (bouncing off
+    the unit cube). A concept is a *position* on that stream: the centroids after ``position`` items. The
+    movement depends only on ``seed_model`` and the item count, not on the sample seed, so
+    the samples of a (client, step) are River's items ``position .. position + n`` of a stream
+    with its own sample seed: the concept keeps drifting a little inside the step, as River's
+    stream does. Intermediate concepts are intermediate positions (incremental drift)."""
+
+    seed_model: int
+    position: int
+    name: str = "A"
+    dim: int = 10
+    num_classes: int = 4
+    n_centroids: int = 20
+    n_drift_centroids: int = 20
+    change_speed: float = RBF_DRIFT_SPEED
+
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        gen = _synth().RandomRBFDrift(
+            seed_model=self.seed_model, seed_sample=_sample_seed(rng), n_classes=self.num_classes,
+            n_features=self.dim, n_centroids=self.n_centroids, change_speed=self.change_speed,
+            n_drift_centroids=self.n_drift_centroids)
+        items = list(itertools.islice(iter(gen), self.position, self.position + n))
+        x = np.array([[x[i] for i in range(self.dim)] for x, _ in items],
+                     dtype=np.float32).reshape(len(items), self.dim)
+        return x, _labels(items)
+
+    def interpolate(self, other: object, frac: float) -> RbfDriftConcept | None:
+        """The stream a fraction ``frac`` of the way from this position to ``other``'s."""
+        if not isinstance(other, RbfDriftConcept) or other.seed_model != self.seed_model:
+            return None
+        position = int(round(self.position + frac * (other.position - self.position)))
+        return RbfDriftConcept(self.seed_model, position, f"{self.name}->{other.name}@{frac:.2f}",
+                               self.dim, self.num_classes, self.n_centroids,
+                               self.n_drift_centroids, self.change_speed)
+
+
 # --------------------------------------------------------------------------------- families
 
 #: River's Hyperplane seeds of concepts A and B: of the seeds 0-9, the pair whose hyperplanes are
@@ -256,7 +306,7 @@ class RbfConcept:
 HYPERPLANE_SEEDS = (7, 8)
 #: RandomRBF ``seed_model`` of concepts A..D.
 RBF_SEEDS = (1, 2, 3, 4)
-RIVER_VARIANTS = ("stagger", "agrawal", "hyperplane", "rbf")
+RIVER_VARIANTS = ("stagger", "agrawal", "hyperplane", "rbf", "rbf-drift")
 
 
 def river_concepts(variant: str) -> list[object]:
@@ -271,4 +321,7 @@ def river_concepts(variant: str) -> list[object]:
                 for i, s in enumerate(HYPERPLANE_SEEDS)]
     if variant == "rbf":
         return [RbfConcept(s, names[i]) for i, s in enumerate(RBF_SEEDS)]
+    if variant == "rbf-drift":   # the stream's start, and after RBF_DRIFT_ITEMS items
+        return [RbfDriftConcept(RBF_SEEDS[0], 0, "A"),
+                RbfDriftConcept(RBF_SEEDS[0], RBF_DRIFT_ITEMS, "B")]
     raise ValueError(f"unknown River family {variant!r}; valid: {', '.join(RIVER_VARIANTS)}")

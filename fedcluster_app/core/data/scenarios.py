@@ -34,6 +34,7 @@ stagger3           STAGGER rules 0: small and red, 1:      first half          1
 agrawal4           Agrawal functions 0, 1, 2, 3            first half          1 + k % 3
 hyperplane2        0: A, 1: B (Hyperplane seeds 7, 8)      first half          1
 rbf4               RandomRBF centroid sets 0..3            first half          1 + k % 3
+rbf-drift          RandomRBFDrift at item 0 / item 4000    first half          1
 =================  ======================================  ==================  ================
 
 ("first half" = clients ``0 .. max(1, P // 2) - 1``.)
@@ -52,7 +53,8 @@ rbf4               RandomRBF centroid sets 0..3            first half          1
   concept ids after the base concepts. Label swaps have no intermediate, so, as in FedCCFA, the
   swap groups drift one after another: G1 at ``d``, G2 at ``d + 1``, G3 at ``d + 2``. SINE (a
   label flip) and mixture-swap (one permutation) have neither, so ``incremental`` = ``sudden``;
-  of River's streams (``river_streams.py``) only the hyperplane moves (its weights), the others
+  of River's streams (``river_streams.py``) the hyperplane moves (its weights) and
+  RandomRBFDrift moves (its centroids, to intermediate stream positions); the others
   (STAGGER, Agrawal, RBF) drift suddenly.
 
 ``schedule`` replaces the schedule with a ``.cp`` file (or a bundled FedDrift schedule by name,
