@@ -46,8 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", type=Path, metavar="DIR",
                      help="continue the run whose checkpoint is in DIR")
 
-    lst = sub.add_parser("list", help="strategies, scenarios, federations, run-config keys and "
-                         "the strategies' hyper-parameters (params)")
+    lst = sub.add_parser("list", help="strategies, scenarios, federations, run-config keys, "
+                         "the strategies' hyper-parameters (params), presets and the scenarios' "
+                         "paper protocols")
     lst.add_argument("what", nargs="?", default="all",
                      choices=("all", "strategies", "scenarios", "federations", "config", "params",
                               "presets", "protocols"))
