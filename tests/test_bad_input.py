@@ -36,6 +36,13 @@ class CountingApp:
         ({"fraction-train": 1.5}, "fraction-train must be in (0, 1]"),
         ({"optimizer": "lbfgs"}, "optimizer must be"),
         ({"schedule": "/no/such/file.cp"}, "schedule file not found"),
+        # non-finite and impossible sizes: refused here, not accepted (inf) or left to hang
+        ({"weight-decay": float("inf")}, "weight-decay must be a finite number >= 0, got inf"),
+        ({"prox-mu": float("inf")}, "prox-mu must be a finite number >= 0, got inf"),
+        ({"node-wait-s": float("inf")}, "node-wait-s must be a finite number >= 0"),
+        ({"num-clients": 10_000_000}, "num-clients = 10000000 is more than the 100,000"),
+        ({"samples-per-step": 1_000_000_000}, "samples-per-step and test-samples must be at "
+                                              "most 1,000,000"),
     ],
 )
 def test_invalid_config_fails_before_the_first_round(fast_config, overrides, expected):
@@ -117,3 +124,11 @@ def test_nodes_without_or_with_a_taken_client_id_are_refused_and_the_run_goes_on
     text = caplog.text
     assert "could not identify itself" in text and "client-id" in text
     assert "client id 4 is already held by node" in text
+
+
+def test_a_schedule_with_an_out_of_range_concept_id_names_the_file(fast_config, tmp_path):
+    cp = tmp_path / "huge.cp"
+    cp.write_text("0 0\n0 99999999999999999999\n")
+    with pytest.raises(ValueError, match=rf"schedule file '{cp}', line 2: concept id "
+                                         r"99999999999999999999 is out of range"):
+        run_inprocess(fast_config(scenario="circle2", schedule=str(cp)), client_app=CountingApp())

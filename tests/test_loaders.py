@@ -182,3 +182,22 @@ def test_server_side_experiment_needs_no_data_files(tmp_path):
     assert exp.scenario.num_clients == 10 and exp.spec.input_shape == (1, 28, 28)
     with pytest.raises(RuntimeError, match="data live on the clients"):
         exp.scenario.step_data(0, 1)
+
+
+class _Hostile:
+    """A pickle that runs code as it loads (what a poisoned data file could do)."""
+
+    def __reduce__(self):
+        import os
+        return (os.system, ("touch pwned-by-a-data-file",))
+
+
+def test_a_cifar_batch_that_would_run_code_is_refused(tmp_path, monkeypatch):
+    _cifar_like(tmp_path, 0)
+    with open(tmp_path / "cifar-10-batches-py" / "data_batch_2", "wb") as f:
+        pickle.dump({"data": _Hostile(), "labels": [0]}, f)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"data_batch_2|refused: the file asks to build "
+                                         r"(posix|os)\.system"):
+        load_image_dataset("cifar10", str(tmp_path), train=True)
+    assert not (tmp_path / "pwned-by-a-data-file").exists()

@@ -31,6 +31,11 @@ def is_device_name(device: str) -> bool:
 ConfigValue = bool | int | float | str
 
 
+#: sizes beyond which a run cannot work on one machine: refused before round 1, not left to hang
+MAX_CLIENTS = 100_000
+MAX_SAMPLES = 1_000_000
+
+
 class ConfigError(ValueError):
     """A run-config value is invalid; the message names the key."""
 
@@ -256,8 +261,15 @@ def validate(cfg: RunConfig) -> None:
         (cfg.rounds_per_step >= 1, f"rounds-per-step must be >= 1, got {cfg.rounds_per_step}"),
         (cfg.num_steps >= 0, f"num-steps must be >= 0 (0 = scenario default), got {cfg.num_steps}"),
         (cfg.num_clients >= 0, f"num-clients must be >= 0 (0 = scenario default), got {cfg.num_clients}"),
+        (cfg.num_clients <= MAX_CLIENTS,
+         f"num-clients = {cfg.num_clients} is more than the {MAX_CLIENTS:,} clients a run can "
+         "hold (every client has its own data stream and record)"),
         (cfg.samples_per_step >= 0, f"samples-per-step must be >= 0, got {cfg.samples_per_step}"),
         (cfg.test_samples >= 0, f"test-samples must be >= 0, got {cfg.test_samples}"),
+        (max(cfg.samples_per_step, cfg.test_samples) <= MAX_SAMPLES,
+         f"samples-per-step and test-samples must be at most {MAX_SAMPLES:,} per client and "
+         f"step (the data of a step are generated in memory), got {cfg.samples_per_step:,} and "
+         f"{cfg.test_samples:,}"),
         (cfg.window >= 1, f"window must be >= 1 step, got {cfg.window}"),
         (cfg.hidden >= 0, f"hidden must be >= 0, got {cfg.hidden}"),
         (cfg.model in ("", "mlp", "cnn") or is_import_path(cfg.model),
@@ -270,19 +282,21 @@ def validate(cfg: RunConfig) -> None:
         (t.optimizer in ("adam", "sgd"), f"optimizer must be 'adam' or 'sgd', got {t.optimizer!r}"),
         (_positive(t.lr), f"lr must be a positive finite number, got {t.lr}"),
         (0.0 <= t.momentum < 1.0, f"momentum must be in [0, 1), got {t.momentum}"),
-        (t.weight_decay >= 0.0, f"weight-decay must be >= 0, got {t.weight_decay}"),
+        (_finite_nonneg(t.weight_decay), f"weight-decay must be a finite number >= 0, got "
+                                         f"{t.weight_decay}"),
         (t.local_steps >= 0, f"local-steps must be >= 0, got {t.local_steps}"),
         (t.local_steps > 0 or t.local_epochs >= 1,
          f"local-epochs must be >= 1 when local-steps = 0, got {t.local_epochs}"),
         (t.batch_size >= 1, f"batch-size must be >= 1, got {t.batch_size}"),
-        (t.prox_mu >= 0.0, f"prox-mu must be >= 0, got {t.prox_mu}"),
+        (_finite_nonneg(t.prox_mu), f"prox-mu must be a finite number >= 0, got {t.prox_mu}"),
         (0.0 < cfg.fraction_train <= 1.0, f"fraction-train must be in (0, 1], got {cfg.fraction_train}"),
         (0.0 < cfg.fraction_evaluate <= 1.0,
          f"fraction-evaluate must be in (0, 1], got {cfg.fraction_evaluate}"),
         (cfg.eval_every >= 1, f"eval-every must be >= 1, got {cfg.eval_every}"),
         (cfg.num_clusters >= 1, f"num-clusters (K) must be >= 1, got {cfg.num_clusters}"),
         (cfg.min_nodes >= 0, f"min-nodes must be >= 0, got {cfg.min_nodes}"),
-        (cfg.node_wait_s >= 0, f"node-wait-s must be >= 0, got {cfg.node_wait_s}"),
+        (_finite_nonneg(cfg.node_wait_s),
+         f"node-wait-s must be a finite number >= 0, got {cfg.node_wait_s}"),
         (_positive(cfg.round_timeout), f"round-timeout must be > 0, got {cfg.round_timeout}"),
         (cfg.checkpoint_every >= 0, f"checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
     ]
@@ -326,6 +340,10 @@ def _validate_data_keys(cfg: RunConfig) -> None:
 
 def _positive(x: float) -> bool:
     return math.isfinite(x) and x > 0
+
+
+def _finite_nonneg(x: float) -> bool:
+    return math.isfinite(x) and x >= 0
 
 
 def section(raw: dict[str, ConfigValue], prefix: str) -> dict[str, ConfigValue]:

@@ -47,6 +47,10 @@ _TAG_STAGGERED = 12
 # ------------------------------------------------------------------------------------- .cp files
 
 
+#: the largest concept id a ``.cp`` file may hold (ids index a scenario's concepts)
+MAX_CONCEPT_ID = 1_000_000
+
+
 def load_cp(path: str | Path) -> np.ndarray:
     """Read a FedDrift ``.cp`` concept matrix: rows = time steps, columns = clients.
 
@@ -82,6 +86,11 @@ def load_cp(path: str | Path) -> np.ndarray:
             if value < 0:
                 raise ValueError(
                     f"schedule file {str(p)!r}, line {lineno}: concept id {value} is negative"
+                )
+            if value > MAX_CONCEPT_ID:   # an int64 matrix cannot hold it; no scenario has so many
+                raise ValueError(
+                    f"schedule file {str(p)!r}, line {lineno}: concept id {value} is out of "
+                    f"range (at most {MAX_CONCEPT_ID})"
                 )
             row.append(value)
         if width is None:
