@@ -217,23 +217,7 @@ def _family(d: ScenarioDef, num_classes: int = 10, image: bool = True) -> _Famil
                                   prior_weights=tuple([1.0] * half + [1.0 / 9.0] * (c - half)))
         return _Family([ClassConcept("original"), second], ["original", second.name],
                        _first_half, lambda k: 1)
-    if d.variant in ("permute", "prior") or d.user_pool:
-        return _pool_family(d, num_classes, image)
-    # image pools
-    if d.variant in ("static", "swap"):
-        concepts = [ClassConcept("original")] + [
-            ClassConcept(f"swap {a}<->{b}", perm=swap_permutation(10, a, b))
-            for a, b in FEDCCFA_SWAP_PAIRS
-        ]
-        return _Family(concepts, [c.name for c in concepts], lambda p: list(range(p)),
-                       lambda k: fedccfa_group(k) + 1, sequential_groups=True)
-    if d.variant == "rotate":
-        concepts = [ClassConcept("upright"), ClassConcept("rotated 90", angle=ROTATE_ANGLE)]
-    elif d.variant == "noise":
-        concepts = [ClassConcept("clean"), ClassConcept("noise 0.5", noise_std=NOISE_STD)]
-    else:  # pragma: no cover - guarded by _defs
-        raise AssertionError(d.variant)
-    return _Family(concepts, [c.name for c in concepts], _even, lambda k: 1)
+    return _pool_family(d, num_classes, image)   # the class pools (images, yours, River tables)
 
 
 def _pool_family(d: ScenarioDef, c: int, image: bool) -> _Family:
