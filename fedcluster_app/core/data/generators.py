@@ -29,6 +29,7 @@ import numpy as np
 __all__ = [
     "CIRCLE_CONCEPTS",
     "CircleConcept",
+    "ClassPool",
     "ImagePool",
     "SEA_THRESHOLDS",
     "SINE_CONCEPTS",
@@ -207,38 +208,20 @@ def rotate_images(images: np.ndarray, angle: float) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
-class ImagePool:
-    """The images of one split, grouped by class, from which (client, step) samples are drawn
-    with replacement.
+class ClassPool:
+    """The inputs of one split grouped by class, from which (client, step) samples are drawn
+    with replacement, uniformly within a class: the part an image pool and a pool of flat
+    features (``partition.FeaturePool``) share. The inputs are kept as ``images``, the name
+    the sources read."""
 
-    ``images`` is ``(N, C, H, W)`` in any numeric dtype (kept as given, e.g. ``uint8`` to save
-    memory); dividing by ``max_value`` maps it to ``[0, 1]``. Rotated copies of the whole pool are
-    computed once per angle and cached when the pool is small (at most ``ROTATE_CACHE_VALUES``
-    values, e.g. the digits); for big pools (MNIST, CIFAR-10) a full rotated copy per angle would
-    cost hundreds of MB per process, so only the drawn images are rotated.
-    """
+    UNIT = "samples"   # what the error message calls the inputs
 
-    ROTATE_CACHE_VALUES = 4_000_000
-    ROTATE_CACHE_ANGLES = 8
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray, num_classes: int,
-                 max_value: float = 1.0) -> None:
-        images = np.asarray(images)
-        labels = np.asarray(labels, dtype=np.int64)
-        if images.ndim != 4:
-            raise ValueError(f"pool images must have shape (N, C, H, W), got {images.shape}")
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-            raise ValueError(f"pool labels must be in 0..{num_classes - 1}")
-        self.images = images
+    def __init__(self, inputs: np.ndarray, labels: np.ndarray, num_classes: int) -> None:
+        self.images = inputs
         self.labels = labels
         self.num_classes = int(num_classes)
-        self.max_value = float(max_value)
         self.class_indices = [np.flatnonzero(labels == c) for c in range(self.num_classes)]
         self.present = np.array([len(ix) > 0 for ix in self.class_indices])
-        self._rotated: dict[float, np.ndarray] = {}
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -257,9 +240,40 @@ class ImagePool:
                 continue
             members = self.class_indices[c]
             if len(members) == 0:
-                raise ValueError(f"class {c} has no images in this pool")
+                raise ValueError(f"class {c} has no {self.UNIT} in this pool")
             idx[pos] = members[rng.integers(0, len(members), size=len(pos))]
         return idx
+
+
+class ImagePool(ClassPool):
+    """The images of one split, grouped by class, from which (client, step) samples are drawn
+    with replacement.
+
+    ``images`` is ``(N, C, H, W)`` in any numeric dtype (kept as given, e.g. ``uint8`` to save
+    memory); dividing by ``max_value`` maps it to ``[0, 1]``. Rotated copies of the whole pool are
+    computed once per angle and cached when the pool is small (at most ``ROTATE_CACHE_VALUES``
+    values, e.g. the digits); for big pools (MNIST, CIFAR-10) a full rotated copy per angle would
+    cost hundreds of MB per process, so only the drawn images are rotated.
+    """
+
+    ROTATE_CACHE_VALUES = 4_000_000
+    ROTATE_CACHE_ANGLES = 8
+    UNIT = "images"
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, num_classes: int,
+                 max_value: float = 1.0) -> None:
+        images = np.asarray(images)
+        labels = np.asarray(labels, dtype=np.int64)
+        if images.ndim != 4:
+            raise ValueError(f"pool images must have shape (N, C, H, W), got {images.shape}")
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+            raise ValueError(f"pool labels must be in 0..{num_classes - 1}")
+        super().__init__(images, labels, num_classes)
+        self.max_value = float(max_value)
+        self._rotated: dict[float, np.ndarray] = {}
+        self._lock = threading.Lock()
 
     def _float(self, idx: np.ndarray | slice) -> np.ndarray:
         return self.images[idx].astype(np.float32) / np.float32(self.max_value)

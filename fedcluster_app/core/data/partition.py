@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedcluster_app.core.data.drift import ClassConcept, ClassRealisation, ImageSource
+from fedcluster_app.core.data.generators import ClassPool
 
 __all__ = ["PARTITIONS", "FeaturePool", "FeatureSource", "ShardRealisation", "client_priors",
            "disjoint_shards", "partition_realisation"]
@@ -34,41 +35,19 @@ TAG_SHARDS = 12  # default_rng([seed, 0, 0, 12]) shuffles a pool before it is sp
 PARTITIONS = ("iid", "dirichlet", "pathological")
 
 
-class FeaturePool:
+class FeaturePool(ClassPool):
     """Flat ``(N, F)`` features of one split grouped by class, the tabular twin of
     :class:`~fedcluster_app.core.data.generators.ImagePool` (same interface, no rotation)."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, num_classes: int,
                  max_value: float = 1.0) -> None:
-        self.images = np.asarray(images, dtype=np.float32)
-        self.labels = np.asarray(labels, dtype=np.int64)
-        if self.images.ndim != 2 or len(self.images) != len(self.labels):
+        images = np.asarray(images, dtype=np.float32)
+        labels = np.asarray(labels, dtype=np.int64)
+        if images.ndim != 2 or len(images) != len(labels):
             raise ValueError(f"feature pool needs (N, F) inputs and N labels, got "
-                             f"{self.images.shape} and {self.labels.shape}")
-        self.num_classes = int(num_classes)
-        self.max_value = 1.0
-        self.class_indices = [np.flatnonzero(self.labels == c) for c in range(self.num_classes)]
-        self.present = np.array([len(ix) > 0 for ix in self.class_indices])
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(int(s) for s in self.images.shape[1:])
-
-    def draw_indices(self, classes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        classes = np.asarray(classes, dtype=np.int64)
-        idx = np.empty(len(classes), dtype=np.int64)
-        for c in range(self.num_classes):
-            pos = np.flatnonzero(classes == c)
-            if len(pos) == 0:
-                continue
-            members = self.class_indices[c]
-            if len(members) == 0:
-                raise ValueError(f"class {c} has no samples in this pool")
-            idx[pos] = members[rng.integers(0, len(members), size=len(pos))]
-        return idx
+                             f"{images.shape} and {labels.shape}")
+        super().__init__(images, labels, num_classes)
+        self.max_value = 1.0   # features are used as they are (the argument mirrors ImagePool's)
 
     def get(self, idx: np.ndarray, angle: float = 0.0) -> np.ndarray:
         if float(angle) % 360.0:

@@ -93,6 +93,13 @@ from pathlib import Path
 import numpy as np
 
 import fedcluster_app.core.data.schedules as sch
+from fedcluster_app.core.data.catalogue import (
+    _DEFS,
+    _EXTRA,
+    METADATA_ONLY,
+    ScenarioDef,
+    scenario_names,
+)
 from fedcluster_app.core.data.drift import (
     FEDCCFA_SWAP_PAIRS,
     ClassConcept,
@@ -114,13 +121,6 @@ from fedcluster_app.core.data.generators import (
     digits_pools,
     mixture_means,
     torchvision_pools,
-)
-from fedcluster_app.core.data.catalogue import (
-    _DEFS,
-    _EXTRA,
-    METADATA_ONLY,
-    ScenarioDef,
-    scenario_names,
 )
 from fedcluster_app.core.data.pools import (
     check_not_pool,
