@@ -53,8 +53,8 @@ __all__ = ["ClusteredResult", "ClusteredStrategy", "ConfigError", "HParams", "ST
            "UnknownStrategy", "build_scenario", "build_strategy", "default_run_config",
            "hyperparameter_tables", "hyperparameter_users",
            "list_scenarios",
-           "list_strategies", "load_strategy", "make_strategy", "param", "run_config_defaults", "scenario_names", "strategy_class",
-           "Task", "weighted_average",
+           "list_strategies", "load_strategy", "make_strategy", "param", "run_config_defaults",
+           "scenario_names", "strategy_class", "Task", "weighted_average",
            *sorted(cls.__name__ for cls in _CLASSES)]
 
 

@@ -175,6 +175,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _param_rows(params) -> list[tuple[str, str]]:
+    """``(<table>.<key>, "default (allowed): doc")`` of every hyper-parameter of ``params``."""
+    return [(f"{params.table}.{key}", f"{default!r} ({allowed}): {doc}")
+            for key, default, allowed, doc in params.describe()]
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from fedcluster_app.api import (hyperparameter_tables, hyperparameter_users, list_scenarios,
                                     list_strategies)
@@ -190,8 +196,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         elif args.toml:
             print(toml_table(params, args.strategy))
         else:
-            for key, default, allowed, doc in params.describe():
-                print(f"  {params.table}.{key}  {default!r} ({allowed}): {doc}")
+            for key, text in _param_rows(params):
+                print(f"  {key}  {text}")
         return 0
     if args.toml:
         print(hyperparameter_tables(), end="")
@@ -220,11 +226,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                          "protocol = \"none\" turns them off)", rows))
     if args.what in ("all", "params"):
         for params, names in sorted(hyperparameter_users().items(), key=lambda u: u[0].table):
-            table = params.table
-            rows = [(f"{table}.{key}", f"{default!r} ({allowed}): {doc}")
-                    for key, default, allowed, doc in params.describe()]
             sections.append((f"hyper-parameters of {', '.join(sorted(names))} "
-                             f"(--set {table}.<key>=...)", rows))
+                             f"(--set {params.table}.<key>=...)", _param_rows(params)))
     for title, rows in sections:
         print(f"{title}:")
         width = max(len(name) for name, _ in rows)
@@ -237,9 +240,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _absolute_data_dir(value: str) -> str:
     """The SuperNodes run in their own directory: make a relative path (of a directory or of
     a dataset such as ``npz:data/x.npz``) absolute."""
-    kind, sep, path = value.partition(":")
-    if sep and kind in ("npz", "imagefolder", "hf-disk"):
-        return f"{kind}:{Path(path).expanduser().resolve()}"
+    from fedcluster_app.core.data.sources import is_node_spec, parse_dataset_spec
+
+    if is_node_spec(value):
+        kind, path = parse_dataset_spec(value)   # the path comes back absolute
+        return f"{kind}:{path}"
     return str(Path(value).expanduser().resolve())
 
 

@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 from fedcluster_app import families
 from fedcluster_app.core import handlers
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.data.catalogue import reads_dataset
 from fedcluster_app.core.data.sources import is_node_spec
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.handlers import Handler
@@ -47,8 +48,8 @@ def make_client(context: Context) -> StreamClient:
     run_config = context.run_config
     data_dir = context.node_config.get("data-dir")
     if data_dir and is_node_spec(data_dir):
-        scenario = str(run_config.get("scenario", "")).strip().lower()
-        if not scenario.startswith("dataset-"):
+        scenario = str(run_config.get("scenario", ""))
+        if not reads_dataset(scenario):
             raise ValueError(f"node-config data-dir {data_dir!r} is a dataset file, which only the "
                              f"dataset-* scenarios read; scenario {scenario!r} reads a directory "
                              f"(or nothing)")

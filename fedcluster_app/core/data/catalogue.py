@@ -188,6 +188,12 @@ def scenario_protocol(name: str) -> dict[str, object]:
     return dict(_PROTOCOLS.get(str(name).strip().lower(), {}))
 
 
+def reads_dataset(name: str) -> bool:
+    """Whether scenario ``name`` draws its data from the run-config key ``dataset``."""
+    d = _DEFS.get(str(name).strip().lower())
+    return d is not None and d.data == "dataset"
+
+
 def scenario_names() -> tuple[str, ...]:
     """Every scenario name, the built-in families and the registered ones, sorted."""
     return tuple(sorted([*_DEFS, *_EXTRA]))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedcluster_app.core.data.catalogue import _DEFS, METADATA_ONLY, ScenarioDef
+from fedcluster_app.core.data.catalogue import _DEFS, METADATA_ONLY, ScenarioDef, reads_dataset
 from fedcluster_app.core.data.drift import ClassRealisation, ImageSource
 
 # the pool-only arguments (user data, partition) and their "scenario default" values
@@ -35,7 +35,7 @@ def nonneg_int(key: str, value: object) -> int:
 
 
 def _dataset_scenarios() -> str:
-    return ", ".join(n for n in sorted(_DEFS) if _DEFS[n].data == "dataset")
+    return ", ".join(n for n in sorted(_DEFS) if reads_dataset(n))
 
 
 def _pool_scenarios() -> str:
