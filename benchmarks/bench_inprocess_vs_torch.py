@@ -31,7 +31,7 @@ def config(rounds: int, out: str) -> dict:
     return merge_overrides(default_run_config(), {
         "strategy": "fedavg", "scenario": "mixture-swap", "num-steps": 10,
         "rounds-per-step": rounds // 10, "local-steps": 20, "samples-per-step": 200,
-        "test-samples": 100, "out-dir": out, "plot": False, "progress": False,
+        "test-samples": 100, "overwrite": True, "out-dir": out, "plot": False, "progress": False,
     })
 
 

@@ -31,7 +31,7 @@ def main() -> None:
         for seed in args.seeds:
             out = (args.out / f"{strategy}-s{seed}").resolve()
             run_inprocess({**extra, "strategy": strategy, "scenario": args.scenario, "seed": seed,
-                           "out-dir": str(out), "progress": False,
+                           "overwrite": True, "out-dir": str(out), "progress": False,
                            "protocol": "none"})
             dirs.append(out)
     print(compare_runs(dirs, out_path=args.out / "comparison.png"))

@@ -77,7 +77,7 @@ def run_one(setting: str, method: str, seed: int, root: Path, scenario: str = ""
     cfg = {**COMMON, **extra, "strategy": strategy, "scenario": scenario or SCENARIOS[setting],
            "seed": seed,
            "drift-pattern": setting,
-           "out-dir": str(out)}
+           "overwrite": True, "out-dir": str(out)}
     t0 = time.time()
     summary = run_inprocess(cfg)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

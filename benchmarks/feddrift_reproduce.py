@@ -72,7 +72,7 @@ def run_config(strategy: str, dataset: str, seed: int, args) -> dict:
         "feddrift-baselines.driftsurf-delta": DRIFTSURF_DELTA[dataset],
         "feddrift-baselines.afa-lr": 0.1 if dataset == "sine2" else 0.01,
         "progress": False, "plot": False, "checkpoint-every": 0, "protocol": "none",
-        "out-dir": str(Path(args.runs_dir) / f"R{args.rounds}-K{args.local_steps}" / f"{strategy}-{dataset}-s{seed}"),
+        "overwrite": True, "out-dir": str(Path(args.runs_dir) / f"R{args.rounds}-K{args.local_steps}" / f"{strategy}-{dataset}-s{seed}"),
     }
     return cfg
 

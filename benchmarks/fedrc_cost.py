@@ -38,7 +38,7 @@ def main() -> None:
                 out = Path(tmp) / f"{strategy}-{i}"
                 t0 = time.perf_counter()
                 run_inprocess({**preset, "strategy": strategy, "rounds-per-step": args.rounds,
-                               "out-dir": str(out), "plot": False, "progress": False,
+                               "overwrite": True, "out-dir": str(out), "plot": False, "progress": False,
                                "protocol": "none"})
                 times[strategy].append((time.perf_counter() - t0) / args.rounds)
     med = {s: statistics.median(v) for s, v in times.items()}

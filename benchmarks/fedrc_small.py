@@ -53,7 +53,7 @@ def run_one(job: tuple[str, str, int, int, str, dict]) -> dict:
             return _row(scenario, strategy, seed, run_dir)
     from fedcluster_app.engine import run_inprocess
 
-    run_inprocess({**overrides, "out-dir": str(run_dir), "plot": False, "progress": False,
+    run_inprocess({**overrides, "overwrite": True, "out-dir": str(run_dir), "plot": False, "progress": False,
                    "protocol": "none"})
     return _row(scenario, strategy, seed, run_dir)
 

@@ -39,7 +39,7 @@ def run(strategy: str, scenario: str, seed: int, **overrides) -> tuple[dict, lis
     tag = "-".join(f"{k}={v}" for k, v in sorted(overrides.items()) if k.startswith("fielding.")
                    or k.startswith("auxo."))
     out = OUT / f"{scenario}-{strategy}-s{seed}{'-' + tag if tag else ''}"
-    cfg = {"strategy": strategy, "scenario": scenario, "seed": seed, "out-dir": str(out),
+    cfg = {"strategy": strategy, "scenario": scenario, "seed": seed, "overwrite": True, "out-dir": str(out),
            "progress": False, "plot": False, "protocol": "none", **overrides}
     t0 = time.perf_counter()
     summary = run_inprocess(cfg)

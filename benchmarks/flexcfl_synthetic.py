@@ -41,7 +41,7 @@ def one_run(args: tuple) -> dict:
     cfg.update({"scenario": scenario, "strategy": method, "data-seed": seed, "seed": 0,
                 "num-steps": rounds, "local-epochs": epochs, "progress": False, "plot": False,
                 "protocol": "none",
-                "out-dir": str(Path(out) / f"{method}-{scenario}-d{seed}")})
+                "overwrite": True, "out-dir": str(Path(out) / f"{method}-{scenario}-d{seed}")})
     for table in ("flexcfl", "fedgroup", "fesem", "flexcfl-ifca", "flexcfl-fedavg",
                   "flexcfl-ifca-mig", "fesem-mig"):
         cfg[f"{table}.clients-per-round"] = k

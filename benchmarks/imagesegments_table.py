@@ -71,7 +71,7 @@ def run_one(strategy: str, seed: int, root: Path) -> dict:
     load_before = os.getloadavg()
     t0, c0 = time.perf_counter(), time.process_time()
     try:
-        run_inprocess({**COMMON, "strategy": strategy, "seed": seed, "out-dir": str(out.resolve())})
+        run_inprocess({**COMMON, "strategy": strategy, "seed": seed, "overwrite": True, "out-dir": str(out.resolve())})
         summary, records = load_run(out)
         error = None
     except Exception as ex:  # a crash is recorded, the grid goes on

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -18,12 +17,25 @@ from fedcluster_app.core.config import (
 )
 from fedcluster_app.core.config import list_presets, preset_file
 
+#: `fedcluster run`'s exit status by the run's summary status (2: refused before it started)
+EXIT_CODES = {"completed": 0, "failed": 1, "degraded": 3}
+
+RUN_EPILOG = """\
+exit status:
+  0  the run completed (also when --resume finds it already finished: nothing changes)
+  1  the run failed (the reason is printed; summary.json says status "failed")
+  2  refused before anything ran or was written: bad configuration, a checkpoint that is not
+     this run's, or --out holding a finished run (pass --overwrite or --resume DIR)
+  3  the run ended degraded (the reason is printed; summary.json says status "degraded")
+"""
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedcluster", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run one experiment and wait for it")
+    run = sub.add_parser("run", help="run one experiment and wait for it", epilog=RUN_EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--strategy", help="algorithm (see `fedcluster list`)")
     run.add_argument("--scenario", help="data and drift scenario (see `fedcluster list`)")
     run.add_argument("--out", help="results directory (run-config key out-dir)")
@@ -44,7 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="any run-config key, repeatable (e.g. --set rounds-per-step=10)")
     run.add_argument("--resume", type=Path, metavar="DIR",
-                     help="continue the run whose checkpoint is in DIR")
+                     help="continue the run whose checkpoint is in DIR, with that run's "
+                          "strategy, scenario and config (a different one is refused)")
+    run.add_argument("--overwrite", action="store_true", default=None,
+                     help="replace the finished run in the results directory (refused "
+                          "otherwise; run-config key overwrite)")
 
     lst = sub.add_parser("list", help="strategies, scenarios, federations, run-config keys, "
                          "the strategies' hyper-parameters (params), presets and the scenarios' "
@@ -93,17 +109,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _resumed_config(run_dir: Path) -> dict:
-    """The run config a run directory was started with (its summary.json), so that
-    ``--resume DIR`` alone continues that run; empty when there is none to read."""
-    summary = run_dir / "summary.json"
-    if summary.is_file():
-        try:
-            saved = json.loads(summary.read_text()).get("config") or {}
-        except ValueError:
-            return {}
-        return {k: v for k, v in saved.items() if k not in ("resume-from", "out-dir")}
-    return {}
+def _resumed_config(resume: Path) -> dict:
+    """The run config the run being resumed was started with, so that ``--resume DIR`` alone
+    continues that run: from its checkpoint (a killed run has no summary.json), else from its
+    summary.json (a checkpoint of an older version); empty when there is neither (the resume
+    itself then names the missing or corrupt checkpoint)."""
+    from fedcluster_app.core.checkpoint import checkpoint_file, read_checkpoint
+    from fedcluster_app.core.results import read_summary
+
+    try:
+        saved = read_checkpoint(resume)[0].get("config")
+    except (FileNotFoundError, ValueError):
+        saved = None
+    if saved is None:
+        saved = (read_summary(checkpoint_file(resume).parent) or {}).get("config") or {}
+    return {k: v for k, v in saved.items() if k not in ("resume-from", "out-dir", "overwrite")}
 
 
 def _read_toml(path: Path) -> dict:
@@ -126,53 +146,80 @@ def _overrides(args: argparse.Namespace) -> dict:
         key, value = parse_assignment(item)
         values[key] = value
     for key, value in (("strategy", args.strategy), ("scenario", args.scenario),
-                       ("out-dir", args.out), ("seed", args.seed)):
+                       ("out-dir", args.out), ("seed", args.seed), ("overwrite", args.overwrite)):
         if value is not None:
             values[key] = str(value) if key == "out-dir" else value
     if args.resume:
+        from fedcluster_app.core.checkpoint import checkpoint_file
+
         values["resume-from"] = str(args.resume.resolve())
-        values.setdefault("out-dir", str(args.resume.resolve()))
+        values.setdefault("out-dir", str(checkpoint_file(args.resume).parent))
     if "out-dir" in values:
         values["out-dir"] = str(Path(str(values["out-dir"])).expanduser().resolve())
     return values
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedcluster_app.api import run_config_defaults, strategy_class
+    from fedcluster_app.api import run_config_defaults
     from fedcluster_app.core.experiment import load_experiment
     from fedcluster_app.core.strategy import resolve_out_dir
+    from fedcluster_app.server_app import prepare
 
     overrides = _overrides(args)
     run_config = merge_overrides(run_config_defaults(overrides), overrides)
     # bad config fails here, before anything starts (a deployment's data live on its devices)
     exp = load_experiment(run_config, server=args.engine == "deployment")
-    strategy_class(exp.cfg.strategy)
     if args.engine != "deployment":   # the clients run on this machine: is the device there?
         from fedcluster_app.core.models import resolve_device
 
         resolve_device(exp.cfg.device)
     run_config["out-dir"] = str(resolve_out_dir(run_config))
+    # every refusal (a checkpoint that is not this run's, --out holding a finished run) before
+    # Ray or a SuperLink starts and before any file is written, whatever the engine
+    strategy, finished = prepare(run_config)
+    if finished is not None:
+        print(f"{strategy.resumed_from.parent}: this run already finished (round "
+              f"{strategy.round} of {strategy.num_rounds}, status {finished['status']}); nothing "
+              f"to do, no file changed")
+        return _report(finished, str(strategy.resumed_from.parent))
     if args.engine == "inprocess":
         from fedcluster_app.engine import run_inprocess
 
         summary = run_inprocess(run_config)
     else:
-        from fedcluster_app.core.results import load_run
         from fedcluster_app.launcher import run_on_deployment, run_with_flwr
 
         if args.engine == "ray":
-            run_with_flwr(run_config, exp.scenario.num_clients, federation=args.federation or "cpu")
+            summary = run_with_flwr(run_config, exp.scenario.num_clients,
+                                    federation=args.federation or "cpu")
         elif args.deployment:
             from fedcluster_app.deploy import LocalDeployment
 
-            run_on_deployment(run_config, LocalDeployment.load(args.deployment).connection())
+            summary = run_on_deployment(run_config,
+                                        LocalDeployment.load(args.deployment).connection())
         else:
-            run_on_deployment(run_config, federation=args.federation or "local")
-        summary, _ = load_run(run_config["out-dir"])
-    print(f"{summary['strategy']} on {summary['scenario']} (seed {summary['seed']}): "
-          f"mean accuracy {summary['mean_accuracy']:.4f}, final {summary['final_accuracy']:.4f}, "
-          f"ARI {summary.get('ari_final')}, {summary['wall_time_s']:.1f} s -> {run_config['out-dir']}")
-    return 0
+            summary = run_on_deployment(run_config, federation=args.federation or "local")
+    return _report(summary, run_config["out-dir"])
+
+
+def _report(summary: dict, out_dir: str) -> int:
+    """Print the run's one-line result; its exit status (EXIT_CODES) from the summary status,
+    with the reason when it is not "completed"."""
+    def num(key: str) -> str:
+        value = summary.get(key)
+        return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    status = summary.get("status", "completed")
+    if "strategy" in summary:   # else its summary.json is on the machine the ServerApp ran on
+        print(f"{summary['strategy']} on {summary.get('scenario')} (seed {summary.get('seed')}): "
+              f"mean accuracy {num('mean_accuracy')}, final {num('final_accuracy')}, ARI "
+              f"{summary.get('ari_final')}, {summary.get('wall_time_s') or 0:.1f} s -> {out_dir}")
+    else:
+        print(f"run {status}; its results are in {out_dir} where the ServerApp ran")
+    if status != "completed":
+        reason = summary.get("reason") or summary.get("error") or "no reason recorded"
+        print(f"fedcluster: run {status}: {reason} (see {out_dir}/summary.json)", file=sys.stderr)
+    return EXIT_CODES.get(status, 1)
 
 
 def _param_rows(params) -> list[tuple[str, str]]:
@@ -249,14 +296,18 @@ def _absolute_data_dir(value: str) -> str:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from fedcluster_app.deploy import LocalDeployment
+    from fedcluster_app.deploy import DeploymentRunning, LocalDeployment
 
     if args.action == "up":
         configs = [{"client-id": i, **({"data-dir": _absolute_data_dir(
                         args.data_dir.replace("{id}", str(i)))} if args.data_dir else {})}
                    for i in range(args.nodes)]
-        dep = LocalDeployment(args.dir, tls=args.tls, auth=args.auth, port=args.port,
-                              node_configs=configs).up()
+        try:
+            dep = LocalDeployment(args.dir, tls=args.tls, auth=args.auth, port=args.port,
+                                  node_configs=configs).up()
+        except DeploymentRunning as ex:   # a second `up` would orphan the first deployment
+            print(f"fedcluster: error: {ex}", file=sys.stderr)
+            return 2
         print(f"SuperLink on {dep.address} ({'TLS' if dep.tls else 'insecure'}"
               f"{', SuperNode auth' if dep.auth else ''}), {dep.num_nodes} SuperNodes online; "
               f"logs in {dep.dir}.\nRun with: fedcluster run --engine deployment --deployment "
@@ -268,7 +319,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     else:
         dep = LocalDeployment.load(args.dir)
         print(f"SuperLink {dep.address}: {dep.online_nodes()} SuperNodes online; processes "
-              f"{dep.pids}")
+              f"{dep.pids}, of which running {dep.running()}")
     return 0
 
 
@@ -314,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report,
                     "deploy": cmd_deploy, "certs": cmd_certs, "keys": cmd_keys}
         return commands[args.command](args)
-    except (ConfigError, ValueError, FileNotFoundError) as ex:
+    except (ConfigError, ValueError, FileNotFoundError, FileExistsError) as ex:
         print(f"fedcluster: error: {ex}", file=sys.stderr)
         return 2
     except Exception as ex:  # a failed run: say so and exit non-zero

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from flwr.app import Context, Message
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedcluster_app import families
@@ -94,3 +94,25 @@ def register(kind: str, handler: Handler) -> None:
 
 for _kind, _handler in {**handlers.HANDLERS, **families.client_handlers()}.items():
     register(_kind, _handler)
+
+
+# A node's context.state lives in its process (and Flower gives every new `flwr run` an empty
+# one), so the server keeps a copy in its checkpoint and a resumed run puts it back: the
+# personal models, classifiers, anchors and representations continue from the checkpointed
+# round (run-config key checkpoint-client-state).
+@app.query(P.QUERY_STATE.partition(".")[2])
+def send_state(msg: Message, context: Context) -> Message:
+    content = RecordDict({P.STATE_PREFIX + key: record for key, record in context.state.items()})
+    content[P.METRICS] = MetricRecord({P.CLIENT_ID: logical_client_id(context)})
+    return Message(content, reply_to=msg)
+
+
+@app.query(P.QUERY_RESTORE.partition(".")[2])
+def restore_state(msg: Message, context: Context) -> Message:
+    for key in list(context.state.keys()):
+        del context.state[key]
+    for key, record in msg.content.items():
+        if key.startswith(P.STATE_PREFIX):
+            context.state[key[len(P.STATE_PREFIX):]] = record
+    return Message(RecordDict({P.METRICS: MetricRecord({P.CLIENT_ID: logical_client_id(context)})}),
+                   reply_to=msg)

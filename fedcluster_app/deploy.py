@@ -3,7 +3,7 @@
 The same commands, with real addresses, set up a federation on several machines (README,
 "Deployment"). Supports TLS (a self-signed CA made by ``make_certificates``) and SuperNode
 authentication (EC keys made by ``make_node_keys``, registered with ``flwr supernode register``).
-Every process is started in its own session and stopped by PID.
+Every process is started in its own session and stopped by PID (its whole process group).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import ipaddress
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,16 +21,22 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fedcluster_app.launcher import (
-    _bin,
-    connection_env,
-    flwr_env,
-    free_port,
-    stop_process_group,
-    wait_port,
-)
+from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
+
+from fedcluster_app.launcher import _bin, connection_env, flwr_env, free_port, wait_port
 
 STATE_FILE = "deployment.json"
+# A SuperNode that dies without signing off (SIGKILL, power loss) stays "online" at the SuperLink
+# until it has missed HEARTBEAT_PATIENCE heartbeats; flower-supernode sends one every
+# HEARTBEAT_DEFAULT_INTERVAL s (fixed, no option), i.e. for up to 60 s in flwr 1.41.
+RELEASE_TIMEOUT = HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL + 30.0
+SERVER_POLL_S = 3.0   # how often a ServerApp pulls replies (flwr's HttpGrid)
+
+logger = logging.getLogger(__name__)
+
+
+class DeploymentRunning(RuntimeError):
+    """``up`` in a directory whose recorded deployment still runs."""
 
 
 # ------------------------------------------------------------------------------ key material
@@ -97,12 +104,15 @@ def make_node_keys(out: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
-def register_key(public: Path, connection: dict[str, object], home: Path | None = None) -> None:
+def register_key(public: Path, connection: dict[str, object], home: Path | None = None) -> int:
     """Register a SuperNode's public key with the SuperLink of ``connection``: from then on a
-    SuperNode holding the private key may join (`flwr supernode register`)."""
+    SuperNode holding the private key may join (`flwr supernode register`). Returns the node id,
+    which belongs to the key: a SuperNode started again with it comes back under the same id."""
     with tempfile.TemporaryDirectory(prefix="fc-") as scratch:
         env = connection_env(home or Path(scratch), connection)
-        run_flwr(["supernode", "register", str(public), "fedcluster"], env)
+        out = run_flwr(["supernode", "register", str(public), "fedcluster", "--format", "json"],
+                       env)
+    return int(json.loads(out[out.index("{"):])["node-id"])
 
 
 # ------------------------------------------------------------------------------ processes
@@ -111,6 +121,48 @@ def _start(cmd: list[str], env: dict[str, str], log: Path) -> int:
         proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return proc.pid
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live Flower processes of process group ``pgid`` (each process we start leads its own
+    group, which also holds its SuperExec and app processes). Zombies count as gone: an init
+    that never reaps (as in some containers) keeps them listed forever. Only processes whose
+    command line names flower/flwr count, so a reused PID is never taken for ours."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pgid, os.WNOHANG)          # reap it if we started it
+    proc = Path("/proc")
+    if not proc.is_dir():                     # no procfs: ask the kernel whether the group exists
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    members = []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(pgrp) != pgid or state == "Z":
+                continue
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue                           # exited meanwhile
+        if b"flower" in cmdline or b"flwr" in cmdline:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def stop_group(pgid: int, timeout: float = 10.0) -> None:
+    """SIGTERM process group ``pgid`` (a SuperNode then signs off at its SuperLink), wait until
+    none of it is left, then SIGKILL what remains. A group with none of our processes left (a
+    stale PID, maybe reused) is not signalled."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not group_members(pgid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + timeout
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 @dataclass
@@ -124,6 +176,7 @@ class LocalDeployment:
     port: int = 0
     node_configs: list[dict[str, str | int]] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
+    node_ids: dict[str, int] = field(default_factory=dict)   # with auth: fixed by each key
 
     def __post_init__(self) -> None:
         self.dir = Path(self.dir).resolve()
@@ -161,17 +214,47 @@ class LocalDeployment:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def up(self, wait: float = 120.0) -> "LocalDeployment":
+        self.check_not_running()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         if self.tls and not (self.certs / "ca.crt").is_file():
             make_certificates(self.certs)
-        self.start_superlink(wait)
-        for i in range(self.num_nodes):
-            if self.auth:
-                self.register_node(i)
-            self.start_node(i)
-        self.wait_online(self.num_nodes, wait)
+        try:
+            self.start_superlink(wait)
+            for i in range(self.num_nodes):
+                if self.auth:
+                    self.register_node(i)
+                self._spawn_node(i)
+            self.wait_online(self.num_nodes, wait)
+        except BaseException:
+            self.down()                        # nothing half-started is left behind
+            raise
         return self
+
+    def check_not_running(self) -> None:
+        """Refuse to start over a deployment recorded in ``dir`` that still runs: its state
+        file would be overwritten and `deploy down` could no longer stop it. A state file whose
+        processes are all gone is stale and may be replaced."""
+        path = self.dir / STATE_FILE
+        if not path.is_file():
+            return
+        try:
+            old = type(self).load(self.dir)
+        except (OSError, ValueError, TypeError):
+            return                             # unreadable: nothing we could stop either
+        running = old.running()
+        if running:
+            listed = ", ".join(f"{name} PID {pid}" for name, pid in running.items())
+            raise DeploymentRunning(
+                f"a deployment already runs in {self.dir} ({listed}); stop it first with "
+                f"`fedcluster deploy down --dir {self.dir}`")
+        if old.pids:
+            logger.warning("replacing the stale %s in %s: its processes (PIDs %s) are gone",
+                           STATE_FILE, self.dir, ", ".join(map(str, old.pids.values())))
+
+    def running(self) -> dict[str, int]:
+        """The recorded processes that are still alive (name -> PID)."""
+        return {name: pid for name, pid in self.pids.items() if group_members(pid)}
 
     def start_superlink(self, wait: float = 120.0) -> int:
         """Start the SuperLink (again: its state is in its database, so after a crash it comes
@@ -200,15 +283,59 @@ class LocalDeployment:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         elif pid:
-            stop_process_group(pid)
+            stop_group(pid)
         self._save()
 
     def register_node(self, i: int) -> None:
         _, public = make_node_keys(self.dir / "keys", f"node{i}")
-        register_key(public, self.connection(), self.dir / "cli")
+        self.node_ids[f"node{i}"] = register_key(public, self.connection(), self.dir / "cli")
 
     def start_node(self, i: int, key: Path | None = None) -> int:
-        """Start SuperNode ``i`` (again); returns its PID."""
+        """Start SuperNode ``i`` (again, e.g. after it crashed); returns its PID."""
+        name = f"node{i}"
+        if (pid := self.pids.get(name)) and group_members(pid):
+            raise DeploymentRunning(f"SuperNode {i} still runs (PID {pid}); stop it first")
+        if key is None:
+            self.wait_released(i)
+        return self._spawn_node(i, key)
+
+    def wait_released(self, i: int) -> None:
+        """With authentication the node id belongs to the key, and the SuperLink activates it
+        only while it is not online. A SuperNode killed without signing off stays online until
+        its heartbeat expires (up to RELEASE_TIMEOUT); started before that, the new SuperNode
+        is refused ("Failed to activate SuperNode") and exits. So wait for the release."""
+        node_id = self.node_ids.get(f"node{i}")
+        status = None if node_id is None else self.node_status(node_id)
+        if status not in ("online", "offline"):
+            return                             # never activated: nothing of it is pending
+        if status == "online":
+            logger.warning("SuperNode %d: the SuperLink still lists its node id %d as online "
+                           "(the previous process died without signing off); waiting up to "
+                           "%.0f s for its heartbeat to expire before starting it again", i,
+                           node_id, RELEASE_TIMEOUT)
+            t0, pause = time.monotonic(), 1.0
+            while self.node_status(node_id) == "online":
+                if time.monotonic() - t0 > RELEASE_TIMEOUT:
+                    raise TimeoutError(
+                        f"SuperNode {i}: the SuperLink still lists node id {node_id} as online "
+                        f"after {RELEASE_TIMEOUT:.0f} s; is another SuperNode running with its "
+                        f"key?")
+                time.sleep(pause)
+                pause = min(2 * pause, 5.0)    # each check is a `flwr` process: back off
+            logger.warning("SuperNode %d: released after %.0f s; starting it", i,
+                           time.monotonic() - t0)
+        # the same node id comes back: let the ServerApp poll once while it is offline, so a
+        # reply it still awaits from the old process fails now, not after round-timeout
+        time.sleep(SERVER_POLL_S)
+
+    def node_status(self, node_id: int) -> str | None:
+        """The SuperLink's status of ``node_id`` (online, offline, registered, ...)."""
+        for node in self._list_nodes():
+            if int(node.get("node-id", -1)) == node_id:
+                return str(node.get("status"))
+        return None
+
+    def _spawn_node(self, i: int, key: Path | None = None) -> int:
         cfg = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}"
                        for k, v in self.node_configs[i].items())
         cmd = [_bin("flower-supernode"), "--superlink", self.address, "--node-config", cfg,
@@ -221,20 +348,27 @@ class LocalDeployment:
         self._save()
         return self.pids[f"node{i}"]
 
-    def stop_node(self, i: int) -> None:
+    def stop_node(self, i: int, crash: bool = False) -> None:
+        """Stop SuperNode ``i``; ``crash``: SIGKILL at once (the device loses power), so it
+        cannot sign off at the SuperLink."""
         pid = self.pids.pop(f"node{i}", None)
-        if pid:
-            stop_process_group(pid)
+        if pid and crash:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        elif pid:
+            stop_group(pid)
         self._save()
 
-    def online_nodes(self) -> int:
+    def _list_nodes(self) -> list[dict]:
         out = run_flwr(["supernode", "list", "fedcluster", "--format", "json"], self.cli_env(),
                        check=False)
         try:
-            nodes = json.loads(out).get("nodes", [])
+            return json.loads(out).get("nodes", [])
         except json.JSONDecodeError:
-            return 0
-        return sum(1 for n in nodes if str(n.get("status", "")).startswith("online"))
+            return []
+
+    def online_nodes(self) -> int:
+        return sum(1 for n in self._list_nodes() if str(n.get("status", "")).startswith("online"))
 
     def wait_online(self, n: int, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -247,7 +381,7 @@ class LocalDeployment:
 
     def down(self) -> None:
         for name in sorted(self.pids, key=lambda k: k == "superlink"):  # nodes first
-            stop_process_group(self.pids[name])
+            stop_group(self.pids[name])
         self.pids = {}
         self._save()
 

@@ -4,8 +4,9 @@
 So for simulation this module starts its own SuperLink (simulation mode, runtime dependency
 installation off, private FLWR_HOME and port) and stops its whole process group afterwards; for
 a deployment it submits to the connection of a profile in ``pyproject-flwr.toml``. Either way it
-streams the run's log, asks the SuperLink for the run's final status, and raises RunFailed
-unless the run completed.
+streams the run's log and returns the summary.json the run wrote in its ``out-dir`` (its
+``status``: completed or degraded); it raises RunFailed when that says failed, or when the run
+wrote none and the SuperLink does not report it completed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fedcluster_app.core.config import ConfigValue
 from fedcluster_app.core.hparams import toml_table
 from fedcluster_app.core.plugins import is_import_path, module_files
 from fedcluster_app.core.project_files import PACKAGE_DIR, project_file
+from fedcluster_app.core.results.files import SUMMARY_FILE, read_summary
 
 FLWR_PROFILES_FILE = "pyproject-flwr.toml"
 
@@ -221,8 +223,11 @@ def submit_and_wait(
     home: Path,
     connection: str = "fedcluster",
     federation_config: str | None = None,
-) -> None:
-    """``flwr run`` the staged app on ``connection``, stream its log, raise unless it completed."""
+) -> dict:
+    """``flwr run`` the staged app on ``connection``, stream its log; return the run's summary
+    (``run_summary``), or raise RunFailed when it failed or wrote none."""
+    out_dir = _out_dir(run_config)
+    before = _file_bytes(out_dir / SUMMARY_FILE)
     app_dir = stage_app(home / "app", run_config)
     rc_file = write_run_config(run_config, home / "run-config.toml")
     cmd = [_bin("flwr"), "run", str(app_dir), connection, "--stream", "--run-config", str(rc_file)]
@@ -241,9 +246,40 @@ def submit_and_wait(
     if run_id is None:
         raise RunFailed(f"flwr run did not start a run (exit code {proc.returncode})")
     status, details = run_status(env, run_id, connection)
-    if proc.returncode != 0 or not status.startswith("finished:completed"):
+    completed = proc.returncode == 0 and status.startswith("finished:completed")
+    summary = run_summary(out_dir, before, completed)
+    if summary is None and not completed:
         raise RunFailed(f"flwr run ended with status {status!r} (exit code {proc.returncode}): "
                         f"{details}; SuperLink log and app kept in {home}")
+    if summary is None:   # completed, its files written where the ServerApp ran
+        summary = {"status": "completed", "out_dir": str(out_dir)}
+    if summary.get("status") == "failed":
+        raise RunFailed(f"{summary.get('reason') or summary.get('error')} ({out_dir / SUMMARY_FILE}"
+                        f"; SuperLink log and app kept in {home})")
+    return summary
+
+
+def run_summary(out_dir: Path, before: bytes | None, completed: bool) -> dict | None:
+    """The summary.json the run wrote in ``out_dir`` (its status decides the exit code), or
+    None when it wrote none (``before``: the file's bytes before the run). An unchanged file is
+    the run's only when the SuperLink reports it completed (a resumed run that had already
+    finished leaves it as it was); otherwise it is an earlier run's and says nothing of this one."""
+    if before is not None and _file_bytes(out_dir / SUMMARY_FILE) == before and not completed:
+        return None
+    return read_summary(out_dir)
+
+
+def _out_dir(run_config: dict[str, ConfigValue]) -> Path:
+    from fedcluster_app.core.strategy import resolve_out_dir   # torch: only when running
+
+    return resolve_out_dir(run_config)
+
+
+def _file_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def run_with_flwr(
@@ -251,8 +287,9 @@ def run_with_flwr(
     num_supernodes: int,
     federation: str = "cpu",
     workdir: Path | None = None,
-) -> None:
-    """Run in a Ray simulation via ``flwr run``; raises RunFailed unless the run completed."""
+) -> dict:
+    """Run in a Ray simulation via ``flwr run``; returns the run's summary (RunFailed when it
+    failed)."""
     kind, settings = profile(federation)
     if kind != "simulation":
         raise ValueError(f"federation {federation!r} is a deployment; use --engine deployment")
@@ -263,20 +300,23 @@ def run_with_flwr(
     # Ray's socket paths must stay short, so the private home lives in /tmp
     home = Path(tempfile.mkdtemp(prefix="fc-", dir=workdir))
     with LocalSimulationSuperLink(home) as link:
-        submit_and_wait(run_config, link.env, home, federation_config=fed_config)
+        summary = submit_and_wait(run_config, link.env, home, federation_config=fed_config)
     shutil.rmtree(home, ignore_errors=True)
+    return summary
 
 
 def run_on_deployment(
     run_config: dict[str, ConfigValue],
     connection: dict[str, object] | None = None,
     federation: str = "local",
-) -> None:
-    """Submit to a running SuperLink (a profile's connection, or ``connection``) and wait."""
+) -> dict:
+    """Submit to a running SuperLink (a profile's connection, or ``connection``), wait, and
+    return the run's summary (RunFailed when it failed)."""
     home = Path(tempfile.mkdtemp(prefix="fc-"))
     env = connection_env(home, connection or deployment_connection(federation))
-    submit_and_wait(run_config, env, home)
+    summary = submit_and_wait(run_config, env, home)
     shutil.rmtree(home, ignore_errors=True)
+    return summary
 
 
 def deployment_connection(federation: str) -> dict[str, object]:

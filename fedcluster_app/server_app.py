@@ -12,25 +12,58 @@ from flwr.serverapp import Grid, ServerApp
 from fedcluster_app.api import build_strategy
 from fedcluster_app.core.config import ConfigValue
 from fedcluster_app.core.experiment import load_experiment
+from fedcluster_app.core.results import read_summary
+from fedcluster_app.core.strategy import ClusteredStrategy, resolve_out_dir
 
 app = ServerApp()
 
-__all__ = ["app", "run_server"]
+__all__ = ["app", "prepare", "run_server"]
 
 
-def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
-    """Run a whole experiment on ``grid``; returns the summary (also in summary.json).
+def prepare(run_config: dict[str, ConfigValue]) -> tuple[ClusteredStrategy, dict | None]:
+    """The run's strategy, resumed from its checkpoint when the run config says so, and the
+    summary of the run when it had already finished (nothing left to do), else None.
 
-    Bad configuration, and a checkpoint that does not fit the run, fail here, before the
-    first round and before any file is written. A failure during the run still writes
-    summary.json with status "failed" before the exception propagates.
+    Every refusal happens here, before any file is written or touched: bad configuration; a
+    checkpoint that is corrupt, of another strategy or scenario, or of another run config
+    (``check_same_run``); an ``out-dir`` that holds another finished run (``overwrite``).
+    The CLI calls this too, before it starts anything.
     """
     exp = load_experiment(run_config, server=True)
     strategy = build_strategy(exp)
     if exp.cfg.resume_from:
         strategy.load_checkpoint(Path(exp.cfg.resume_from))
+    strategy.check_writable(resolve_out_dir(run_config))
+    finished = finished_summary(strategy)
+    if finished is not None:
+        log(INFO, "%s already finished (round %d of %d, status %s): nothing to do, no file "
+            "changed", strategy.resumed_from.parent, strategy.round, strategy.num_rounds,
+            finished["status"])
+    elif strategy.resumed_from is not None:
         log(INFO, "resuming %s after round %d (%s)", strategy.name, strategy.round,
-            exp.cfg.resume_from)
+            strategy.resumed_from)
+    return strategy, finished
+
+
+def finished_summary(strategy: ClusteredStrategy) -> dict | None:
+    """The summary of the resumed run when it had run all of this run's rounds to the end
+    (completed, or degraded: running it again would only rewrite its files)."""
+    if strategy.resumed_from is None or strategy.round < strategy.num_rounds:
+        return None
+    summary = read_summary(strategy.resumed_from.parent) or {}
+    return summary if summary.get("status") in ("completed", "degraded") else None
+
+
+def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
+    """Run a whole experiment on ``grid``; returns the summary (also in summary.json).
+
+    Refusals (``prepare``) happen before the first round and before any file is written; a
+    run that already finished is left as it is. A failure during the run still writes
+    summary.json with status "failed" before the exception propagates.
+    """
+    strategy, finished = prepare(run_config)
+    if finished is not None:
+        return finished
     return strategy.run(grid)   # results in the run config's out-dir
 
 

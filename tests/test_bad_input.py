@@ -122,7 +122,7 @@ def test_nodes_without_or_with_a_taken_client_id_are_refused_and_the_run_goes_on
     assert summary["status"] == "completed"
     assert all(r["evaluated_clients"] == 10 and r["failures"] == 0 for r in rounds)
     text = caplog.text
-    assert "could not identify itself" in text and "client-id" in text
+    assert "could not answer the discovery query" in text and "client-id" in text
     assert "client id 4 is already held by node" in text
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,8 +17,8 @@ import pytest
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.results import load_run
 from fedcluster_app.core.strategy import read_checkpoint
-from fedcluster_app.deploy import LocalDeployment, make_node_keys
-from fedcluster_app.launcher import run_on_deployment
+from fedcluster_app.deploy import STATE_FILE, LocalDeployment, make_node_keys
+from fedcluster_app.launcher import free_port, run_on_deployment
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +33,29 @@ def small_run(out: Path, **extra) -> dict:
 def checkpoint_clients(out: Path) -> dict[int, dict]:
     meta, _ = read_checkpoint(out)
     return {c["cid"]: c for c in meta["clients"]}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie has exited; an init that never reaps (some containers) keeps it listed
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.is_file() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def live_in_groups(pgids: set[int]) -> list[int]:
+    """Live processes in these process groups (a SuperLink's or SuperNode's children too)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) in pgids and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
 
 
 def test_three_supernodes_run_a_clustered_strategy(tmp_path):
@@ -103,6 +131,84 @@ def test_a_supernode_that_dies_and_comes_back_keeps_its_cluster(tmp_path):
     assert any(1 in r["failed_clients"] for r in rounds)  # who missed a round is recorded
     assert clients[1]["cluster"] == before               # client 1 never drifts: same cluster
     assert rounds[-1]["evaluated_clients"] == 3
+
+
+# each case costs about 4 minutes of the suite: the insecure one (the node comes back under a
+# new node id after one refused round) runs when FEDCLUSTER_SLOW_DEPLOYMENT=1
+SIGKILL_CASES = [True, False] if os.environ.get("FEDCLUSTER_SLOW_DEPLOYMENT") else [True]
+
+
+@pytest.mark.parametrize("secure", SIGKILL_CASES, ids=lambda s: "tls-auth" if s else "insecure")
+def test_a_supernode_killed_with_sigkill_rejoins(tmp_path, secure):
+    """SIGKILL a SuperNode mid-run (the device loses power: it cannot sign off at the
+    SuperLink, which keeps its node id online until its heartbeat expires) and start it again
+    at once with the same client-id (and key). tls-auth: the node id belongs to the key, so the
+    restart waits for that expiry instead of being refused ("Failed to activate SuperNode") and
+    comes back under the same id. insecure: it comes back at once under a new node id; the
+    server refuses it for one round as a duplicate of the old id, then matches it."""
+    out, dep_dir = tmp_path / "out", tmp_path / "dep"
+    with LocalDeployment(dep_dir, num_nodes=3, tls=secure, auth=secure) as dep:
+        cfg = small_run(out, **{"num-steps": 5, "checkpoint-every": 1, "round-timeout": 150.0})
+        runner = threading.Thread(target=run_on_deployment, args=(cfg, dep.connection()))
+        runner.start()
+        while not (out / "checkpoint.npz").is_file():   # round 1 done
+            time.sleep(0.5)
+        before = checkpoint_clients(out)[1]["cluster"]
+        dep.stop_node(1, crash=True)
+        dep.start_node(1)                                # at once; returns once it may join
+        restarted_after = len((out / "metrics.jsonl").read_text().splitlines())
+        runner.join(timeout=900)
+        assert not runner.is_alive()
+        if secure:                                       # the same node id is back online
+            assert dep.node_status(dep.node_ids["node1"]) == "online"
+    summary, rounds = load_run(out)
+    clients = checkpoint_clients(out)
+    assert summary["status"] == "completed" and len(rounds) == 5
+    assert sorted(clients) == [0, 1, 2]                  # matched by client-id, not duplicated
+    # it missed the round(s) around the crash only, and answered every round after them
+    missed = [r["round"] for r in rounds if 1 in r["failed_clients"]]
+    assert missed and max(missed) <= restarted_after + 2 and max(missed) < 5, \
+        (missed, restarted_after)
+    assert clients[1]["last_round"] == 5 and rounds[-1]["evaluated_clients"] == 3
+    assert clients[1]["cluster"] == before               # client 1 never drifts: same cluster
+    assert "Failed to activate SuperNode" not in (dep_dir / "node1.log").read_text()
+
+
+def test_deploy_up_twice_refuses_and_down_stops_every_process(tmp_path, caplog):
+    """A second `deploy up` in the same directory would overwrite the state file and orphan
+    the first deployment: it is refused, naming the PIDs. `deploy down` then stops them all."""
+    d = tmp_path / "dep"
+    up = ["up", "--dir", str(d), "--nodes", "2", "--port", str(free_port())]
+
+    def deploy(*args: str) -> subprocess.CompletedProcess:   # a separate process, as a user's
+        return subprocess.run([sys.executable, "-m", "fedcluster_app.cli", "deploy", *args],
+                              capture_output=True, text=True, timeout=300, check=False)
+
+    def state() -> dict:
+        return json.loads((d / STATE_FILE).read_text())
+
+    pids: dict[str, int] = {}
+    try:
+        first = deploy(*up)
+        assert first.returncode == 0, first.stderr
+        pids = state()["pids"]
+        assert sorted(pids) == ["node0", "node1", "superlink"]
+        assert all(alive(pid) for pid in pids.values())
+        second = deploy(*up)
+        assert second.returncode == 2, second.stderr
+        assert "already runs" in second.stderr and "fedcluster deploy down" in second.stderr
+        assert all(str(pid) in second.stderr for pid in pids.values()), second.stderr
+        assert state()["pids"] == pids                   # still the first deployment's
+    finally:
+        down = deploy("down", "--dir", str(d))
+    assert down.returncode == 0, down.stderr
+    assert [pid for pid in pids.values() if alive(pid)] == []
+    assert live_in_groups(set(pids.values())) == []   # their SuperExec and app processes too
+    # a state file whose processes are all gone is stale: a new `up` may replace it
+    (d / STATE_FILE).write_text(json.dumps({**state(), "pids": pids}))
+    with caplog.at_level(logging.WARNING, logger="fedcluster_app.deploy"):
+        LocalDeployment.load(d).check_not_running()
+    assert "stale" in caplog.text
 
 
 def test_a_crashed_server_resumes_from_its_checkpoint_in_deployment(tmp_path):

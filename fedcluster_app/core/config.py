@@ -35,6 +35,9 @@ ConfigValue = bool | int | float | str
 MAX_CLIENTS = 100_000
 MAX_SAMPLES = 1_000_000
 
+#: robust-aggregation values: none (the weighted mean), or Flower's coordinate-wise rules
+ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean")
+
 
 class ConfigError(ValueError):
     """A run-config value is invalid; the message names the key."""
@@ -192,8 +195,13 @@ class RunConfig:
     min_nodes: int
     node_wait_s: float
     round_timeout: float
+    update_norm_bound: float
+    robust_aggregation: str
+    trim_fraction: float
     checkpoint_every: int
+    checkpoint_client_state: bool
     resume_from: str
+    overwrite: bool
     plot: bool
     progress: bool
     raw: dict[str, ConfigValue] = field(default_factory=dict, compare=False)
@@ -298,6 +306,12 @@ def validate(cfg: RunConfig) -> None:
         (_finite_nonneg(cfg.node_wait_s),
          f"node-wait-s must be a finite number >= 0, got {cfg.node_wait_s}"),
         (_positive(cfg.round_timeout), f"round-timeout must be > 0, got {cfg.round_timeout}"),
+        (_finite_nonneg(cfg.update_norm_bound),
+         f"update-norm-bound must be a finite number >= 0, got {cfg.update_norm_bound}"),
+        (cfg.robust_aggregation in ROBUST_AGGREGATIONS,
+         f"robust-aggregation must be one of {', '.join(ROBUST_AGGREGATIONS)}, got "
+         f"{cfg.robust_aggregation!r}"),
+        (0.0 <= cfg.trim_fraction < 0.5, f"trim-fraction must be in [0, 0.5), got {cfg.trim_fraction}"),
         (cfg.checkpoint_every >= 0, f"checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
     ]
     for ok, message in checks:

@@ -57,39 +57,111 @@ class RejectedReply(ValueError):
     """A client reply that cannot be used; the message says why."""
 
 
+# Decoding a hostile reply can fail anywhere in NumPy or Flower (a bad .npy header, a dtype
+# that does not parse, a key that is not a number): every such failure rejects that reply.
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
+                  EOFError, UnicodeDecodeError)
+_NUMERIC_KINDS = "fiu"   # float, signed and unsigned int; never complex, str, bool or object
+
+
 def validate_reply(msg: Message, cid: int, task: Task,
-                   shapes: tuple[tuple[int, ...], ...]) -> Reply:
-    """The reply of client ``cid`` to ``task``, or RejectedReply saying what is wrong."""
+                   shapes: tuple[tuple[int, ...], ...],
+                   dtypes: tuple[np.dtype, ...] | None = None,
+                   max_examples: int | None = None) -> Reply:
+    """The reply of client ``cid`` to ``task``, or RejectedReply saying what is wrong.
+
+    Model arrays are cast to the run's ``dtypes``; ``num-examples`` above ``max_examples``
+    (the most training data a client of the scenario holds) is capped to it."""
+    try:
+        return _validate(msg, cid, task, shapes, dtypes, max_examples)
+    except RejectedReply:
+        raise
+    except _DECODE_ERRORS as ex:
+        raise RejectedReply(f"malformed reply ({type(ex).__name__}: {ex})") from None
+
+
+def _validate(msg, cid, task, shapes, dtypes, max_examples) -> Reply:
     if msg.has_error():
         raise RejectedReply(f"client error: {msg.error.reason}")
     content = msg.content
     records = content.metric_records   # a property that copies: read it once
     if P.METRICS not in records:
         raise RejectedReply("no metrics record")
-    metrics = dict(records[P.METRICS])
-    if int(metrics.get(P.CLIENT_ID, -1)) != cid:
-        raise RejectedReply(f"reply claims client id {metrics.get(P.CLIENT_ID)!r}")
-    for key, value in metrics.items():
-        values = value if isinstance(value, list) else [value]
-        if not all(math.isfinite(v) for v in values):
-            raise RejectedReply(f"metric {key!r} is not finite: {value!r}")
-    if metrics.get(P.NUM_EXAMPLES, 0) < 0:
-        raise RejectedReply(f"negative num-examples {metrics[P.NUM_EXAMPLES]}")
+    metrics = check_metrics(dict(records[P.METRICS]), max_examples)
+    claimed = metrics.get(P.CLIENT_ID)
+    if claimed != cid:
+        raise RejectedReply(f"reply claims client id {claimed!r}")
     models = P.unpack_models(content)
     allowed = set(task.models if task.train_ids is None else task.train_ids)
     if task.personal:   # a client's own model may come back under the personal id
         allowed.add(P.PERSONAL_MODEL_ID)
+    if P.CHOSEN in metrics and metrics[P.CHOSEN] not in task.models:
+        raise RejectedReply(f"chose model {metrics[P.CHOSEN]}, which it was not sent")
+    ids = metrics.get(P.MODEL_IDS)
+    if ids is not None and not set(ids) <= set(task.models) | {P.PERSONAL_MODEL_ID}:
+        raise RejectedReply(f"reports models {ids}; it was sent {task.models}")
+    for key in P.PER_MODEL_METRICS & set(metrics):
+        if len(metrics[key]) != len(task.models if ids is None else ids):
+            raise RejectedReply(f"metric {key!r} has {len(metrics[key])} values for "
+                                f"{len(task.models if ids is None else ids)} models")
     for mid, arrays in models.items():
         if mid not in allowed:
             raise RejectedReply(f"returned model {mid}, which it was not asked to train")
         got = tuple(tuple(a.shape) for a in arrays)
         if got != shapes:
             raise RejectedReply(f"model {mid} has shapes {got}, expected {shapes}")
-        if not all(np.isfinite(a).all() for a in arrays):
-            raise RejectedReply(f"model {mid} contains non-finite values")
+        models[mid] = _numeric(f"model {mid}", arrays, dtypes)
     model_metrics = {
-        mid: dict(records[P.model_metrics_key(mid)])
+        mid: check_metrics(dict(records[P.model_metrics_key(mid)]), max_examples)
         for mid in models
         if P.model_metrics_key(mid) in records
     }
-    return Reply(cid, metrics, models, model_metrics, P.unpack_extras(content))
+    # extras: real-valued; finiteness and shapes are the strategy's check (FedCCFA drops a
+    # client's bad classifier rows and still averages its extractor)
+    extras = {name: _numeric(f"extra {name!r}", arrays, None, finite=False)
+              for name, arrays in P.unpack_extras(content).items()}
+    return Reply(cid, metrics, models, model_metrics, extras)
+
+
+def check_metrics(metrics: dict[str, Any], max_examples: int | None = None) -> dict[str, Any]:
+    """A reply's metrics, checked: finite numbers; the keys the wire declares scalar are
+    scalars, those it declares lists are lists, ids are integers; num-examples is capped."""
+    for key, value in metrics.items():
+        values = value if isinstance(value, list) else [value]
+        if not all(math.isfinite(v) for v in values):
+            raise RejectedReply(f"metric {key!r} is not finite: {value!r}")
+        kind = P.REPLY_METRICS.get(key)
+        if kind is None:
+            continue
+        if kind.endswith("list") != isinstance(value, list):
+            raise RejectedReply(f"metric {key!r} must be a {'list' if kind.endswith('list') else 'number'}"
+                                f", got {value!r}")
+        if kind.startswith("int"):
+            if not all(float(v).is_integer() for v in values):
+                raise RejectedReply(f"metric {key!r} must hold integers, got {value!r}")
+            metrics[key] = [int(v) for v in value] if isinstance(value, list) else int(value)
+        if kind.startswith("unit") and not all(0 <= v <= 1 for v in values):
+            raise RejectedReply(f"metric {key!r} must be in [0, 1], got {value!r}")
+    n = metrics.get(P.NUM_EXAMPLES)
+    if n is not None:
+        if n < 0:
+            raise RejectedReply(f"negative num-examples {n}")
+        if max_examples is not None and n > max_examples:
+            metrics[P.NUM_EXAMPLES] = max_examples
+    return metrics
+
+
+def _numeric(what: str, arrays: list[np.ndarray], dtypes, finite: bool = True) -> list[np.ndarray]:
+    """Real-valued (and ``finite``) arrays, cast to ``dtypes`` when given (a cast can overflow
+    to inf, so the finiteness check comes after it)."""
+    out = []
+    for i, a in enumerate(arrays):
+        if a.dtype.kind not in _NUMERIC_KINDS:
+            raise RejectedReply(f"{what} array {i} has dtype {a.dtype}, not a real number type")
+        if dtypes is not None and a.dtype != dtypes[i]:
+            with np.errstate(over="ignore", invalid="ignore"):
+                a = a.astype(dtypes[i])
+        if finite and a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise RejectedReply(f"{what} contains non-finite values")
+        out.append(a)
+    return out

@@ -188,7 +188,17 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
 @lru_cache(maxsize=32)
 def weight_shapes(spec: ModelSpec) -> tuple[tuple[int, ...], ...]:
     """Shapes of the arrays of a model of this spec (used to validate client replies)."""
-    return tuple(tuple(t.shape) for t in build_model(spec, 0).state_dict().values())
+    return tuple(tuple(t.shape) for t in _state(spec).values())
+
+
+def weight_dtypes(spec: ModelSpec) -> tuple[np.dtype, ...]:
+    """NumPy dtypes of the arrays of a model of this spec (replies are cast to them)."""
+    return tuple(torch.empty((), dtype=t.dtype).numpy().dtype for t in _state(spec).values())
+
+
+@lru_cache(maxsize=8)
+def _state(spec: ModelSpec) -> dict[str, torch.Tensor]:
+    return build_model(spec, 0).state_dict()
 
 
 @lru_cache(maxsize=8)

@@ -45,23 +45,45 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
+from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_avg
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.checkpoint import (
     CHECKPOINT_FILE,
+    check_same_run,
+    checkpoint_file,
     read_checkpoint,
+    read_client_states,
+    schedule_digest,
     write_checkpoint,
 )
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.experiment import Experiment
 from fedcluster_app.core.hparams import HParams, NoParams
-from fedcluster_app.core.messages import RejectedReply, Reply, Task, validate_reply
-from fedcluster_app.core.models import (SPLIT_CONTRACT, build_model, initial_weights, split_model,
-                                        weight_shapes)
+from fedcluster_app.core.messages import (
+    RejectedReply,
+    Reply,
+    Task,
+    check_metrics,
+    validate_reply,
+)
+from fedcluster_app.core.models import (
+    SPLIT_CONTRACT,
+    build_model,
+    initial_weights,
+    split_model,
+    weight_dtypes,
+    weight_shapes,
+)
 from fedcluster_app.core.protocol import Protocol
-from fedcluster_app.core.results import RunRecorder, format_round_line
+from fedcluster_app.core.results import (
+    RunRecorder,
+    check_out_dir,
+    finished_run,
+    format_round_line,
+)
 
 Weights = list[np.ndarray]
 
@@ -128,10 +150,16 @@ class ClusteredStrategy(Strategy):
         self.step: int | None = None                 # the step of the round under way
         self._node_to_cid: dict[int, int] = {}
         self._unidentifiable: set[int] = set()      # nodes without a usable client-id
+        self._node_errors: dict[int, str] = {}      # nodes not admitted: why (last error)
+        self._untrained_rounds: list[int] = []      # rounds whose training got no usable reply
+        self._pending_states: dict[int, bytes] = {}  # resumed: clients' checkpointed state
         self._refused_duplicates: set[int] = set()  # nodes claiming a client id held by a live node
         self._truth: dict[int, dict[int, int]] = {}  # cid -> step -> concept (metrics, Oracle)
         self._round_stats = self._fresh_stats()
         self._shapes = weight_shapes(experiment.spec)
+        self._dtypes = weight_dtypes(experiment.spec)
+        # the most training data one client of the scenario holds (caps a reply's num-examples)
+        self.max_examples = experiment.scenario.max_client_examples()
         self.holdouts = frozenset(experiment.scenario.holdout_clients)  # never trained
         self.round_timeout = self.cfg.round_timeout
         self._initial: Weights | None = None        # start(initial_arrays=...) replaces w0
@@ -259,7 +287,7 @@ class ClusteredStrategy(Strategy):
         """Default: every returned model is FedAvg-ed into its registry entry (by num-examples)."""
         for mid, items in self.collect_updates(replies).items():
             if mid in self.models:
-                self.models[mid] = weighted_average(items)
+                self.models[mid] = self.aggregate(items)
 
     def end_step(self, step: int) -> None:
         """After the last round of a time step (and its evaluation)."""
@@ -315,6 +343,18 @@ class ClusteredStrategy(Strategy):
             return list(cids)
         k = max(1, math.ceil(fraction * len(cids)))
         return sorted(int(c) for c in self.rng.choice(cids, size=k, replace=False))
+
+    def aggregate(self, items: list[tuple[Weights, float]]) -> Weights:
+        """Average client updates ``(weights, num-examples)`` into one model: the weighted mean,
+        or with ``robust-aggregation`` Flower's coordinate-wise median or trimmed mean (which
+        ignore the counts: a robust rule cannot trust what a client says it holds)."""
+        rule = self.cfg.robust_aggregation
+        if rule == "none":
+            return weighted_average(items)
+        results = [(w, 1) for w, _ in items]
+        out = (aggregate_median(results) if rule == "median"
+               else aggregate_trimmed_avg(results, self.cfg.trim_fraction))
+        return [np.asarray(a).astype(w.dtype) for a, w in zip(out, items[0][0])]
 
     def collect_updates(self, replies: list[Reply]) -> dict[int, list[tuple[Weights, float]]]:
         updates: dict[int, list[tuple[Weights, float]]] = {}
@@ -372,11 +412,15 @@ class ClusteredStrategy(Strategy):
                 continue
             answered.add(node)
             try:
-                reply = validate_reply(msg, cid, task, self._shapes)
+                reply = validate_reply(msg, cid, task, self._shapes, self._dtypes,
+                                       self.max_examples)
                 self._record_truth(reply)
                 self.check_reply(wire_kind, reply)
             except RejectedReply as ex:
                 self._fail(cid, f"{wire_kind} reply rejected: {ex}")
+                continue
+            except Exception as ex:   # a strategy's own check tripped on a hostile reply
+                self._fail(cid, f"{wire_kind} reply rejected: {type(ex).__name__}: {ex}")
                 continue
             self._round_stats["bytes_up"] += P.nbytes(msg.content)
             self.clients[cid].last_round = self.round
@@ -385,8 +429,38 @@ class ClusteredStrategy(Strategy):
             if node not in answered:
                 self._fail(cid, f"no {wire_kind} reply within {self.round_timeout:.0f} s")
         out = sorted(out, key=lambda r: r.cid)  # order fixed: aggregation sums are reproducible
+        self._bound_updates(out)
         self.protocol.on_exchange(kind, tasks, out)
         return out
+
+    def _bound_updates(self, replies: list[Reply]) -> None:
+        """Scale down every returned model whose update (returned - sent) is longer than
+        ``update-norm-bound`` x the median update of the same model in this exchange: one
+        client cannot drag a model far (a scaled or huge update), while its honest co-members,
+        doing the same local work from the same model, stay inside the bound. Per model, since
+        a fresh model moves much further than a converged one; it needs 3 updates of that model
+        for a median that one attacker cannot set."""
+        bound = self.cfg.update_norm_bound
+        if bound <= 0:
+            return
+        norms: dict[int, dict[int, float]] = {}   # model id -> reply index -> update norm
+        for i, r in enumerate(replies):
+            for mid, w in r.models.items():
+                if mid in self.models:
+                    norms.setdefault(mid, {})[i] = update_norm(w, self.models[mid])
+        for mid, by_reply in norms.items():
+            median = float(np.median(list(by_reply.values())))
+            if len(by_reply) < 3 or median <= 0:
+                continue
+            for i, norm in by_reply.items():
+                if norm > bound * median:
+                    reply = replies[i]
+                    reply.models[mid] = scale_update(reply.models[mid], self.models[mid],
+                                                     bound * median / norm)
+                    self._round_stats["bounded_updates"] += 1
+                    log(WARNING, "round %d: client %d: update of model %d has norm %.3g, %.0fx "
+                        "the median; scaled down to %.3g (update-norm-bound)", self.round,
+                        reply.cid, mid, norm, norm / median, bound * median)
 
     def _record_truth(self, reply: Reply) -> None:
         """Keep the reported concept for metrics (and the Oracle); hide it from the others."""
@@ -415,16 +489,23 @@ class ClusteredStrategy(Strategy):
                     dst_node_id=n, message_type=P.QUERY_INFO, group_id="discover")
             for n in unknown
         ]
-        new = []
+        new, mapped = [], []
         for msg in grid.send_and_receive(messages, timeout=self.round_timeout):
             node = msg.metadata.src_node_id
-            if msg.has_error() or P.METRICS not in msg.content.metric_records:
-                reason = msg.error.reason if msg.has_error() else "no metrics"
-                log(ERROR, "node %d refused: it could not identify itself (%s); set the node-config "
-                    "key client-id", node, reason)
-                self._unidentifiable.add(node)
+            if msg.has_error():   # e.g. its data failed to load: asked again next round
+                if node not in self._node_errors:
+                    log(ERROR, "node %d could not answer the discovery query: %s (asked again "
+                        "every round)", node, msg.error.reason)
+                self._node_errors[node] = msg.error.reason
                 continue
-            cid = int(msg.content.metric_records[P.METRICS][P.CLIENT_ID])
+            try:
+                cid, num_examples = self._identify(msg)
+            except RejectedReply as ex:
+                log(ERROR, "node %d refused: %s", node, ex)
+                self._unidentifiable.add(node)
+                self._node_errors[node] = f"refused: {ex}"
+                continue
+            self._node_errors.pop(node, None)
             rec = self.clients.get(cid)
             if rec is not None and rec.node_id not in (None, node) and self._holder_alive(rec):
                 if node not in self._refused_duplicates:
@@ -437,12 +518,36 @@ class ClusteredStrategy(Strategy):
                     cid, node, rec.node_id, rec.cluster)
                 self._node_to_cid.pop(rec.node_id, None)
             self._node_to_cid[node] = cid
+            mapped.append(cid)
             if rec is None:
                 rec = self.clients[cid] = ClientRecord(cid)
                 new.append(cid)
             rec.node_id = node
-            rec.num_examples = int(msg.content.metric_records[P.METRICS].get(P.NUM_EXAMPLES, 0))
+            rec.num_examples = num_examples
+        if self._pending_states:
+            self._restore_states(grid, mapped)
         return sorted(new)
+
+    def _identify(self, msg: Message) -> tuple[int, int]:
+        """(client id, num-examples) of a discovery reply; RejectedReply when it has no usable
+        client id (none, not an integer, or outside the scenario's clients)."""
+        try:
+            records = msg.content.metric_records
+            if P.METRICS not in records:
+                raise RejectedReply("its reply has no metrics record")
+            metrics = check_metrics(dict(records[P.METRICS]), self.max_examples)
+        except RejectedReply as ex:
+            raise RejectedReply(f"it could not identify itself ({ex})") from None
+        except Exception as ex:   # anything a hostile reply makes decoding raise
+            raise RejectedReply(f"it could not identify itself (malformed reply: "
+                                f"{type(ex).__name__}: {ex})") from None
+        if P.CLIENT_ID not in metrics:
+            raise RejectedReply("it sent no client id; set the node-config key client-id")
+        cid, population = metrics[P.CLIENT_ID], self.exp.scenario.num_clients
+        if not 0 <= cid < population:
+            raise RejectedReply(f"client id {cid} is outside this scenario's clients "
+                                f"0..{population - 1}")
+        return cid, int(metrics.get(P.NUM_EXAMPLES, 0))
 
     def _holder_alive(self, rec: ClientRecord) -> bool:
         """A node holding a client id counts as alive while it has not missed a round."""
@@ -563,9 +668,7 @@ class ClusteredStrategy(Strategy):
         t0 = time.monotonic()
         out = resolve_out_dir(self.cfg.raw, out_dir)
         resumed_after = self.round
-        recorder = RunRecorder(out, strategy=self.name, scenario=self.exp.scenario.name,
-                               seed=self.cfg.seed, config=dict(self.cfg.raw),
-                               resume=resumed_after > 0)
+        recorder = self.open_recorder(out)   # refuses a finished run's directory, touching nothing
         log(INFO, "fedcluster: %s on %s, %d rounds; results in %s", self.name,
             self.exp.scenario.name, self.num_rounds, out)
         try:
@@ -580,12 +683,30 @@ class ClusteredStrategy(Strategy):
                  "num_steps": self.exp.scenario.num_steps,
                  **({"resumed_after_round": resumed_after} if resumed_after else {}),
                  **self.protocol.summary_extra(), **self.summary_extra()}
-        summary = recorder.finish(plot=self.cfg.plot, extra=extra)
+        status, reason = self.health()
+        summary = recorder.finish(status=status, reason=reason, plot=self.cfg.plot, extra=extra)
         self._records = recorder.rounds
+        if status != "completed":
+            log(ERROR, "fedcluster: the run is %s: %s", status, reason)
         log(INFO, "fedcluster: done: mean accuracy %.4f, final %.4f; summary in %s",
             summary["mean_accuracy"] or 0.0, summary["final_accuracy"] or 0.0,
             out / "summary.json")
         return summary
+
+    def health(self) -> tuple[str, str | None]:
+        """The status of a run that got to its end: "failed" when no client was ever admitted,
+        "degraded" when a round planned training and no reply to it was usable."""
+        if not self.clients:
+            errors = "; ".join(f"node {n}: {e}" for n, e in sorted(self._node_errors.items())[:3])
+            return "failed", ("no client was ever admitted" + (f" ({errors})" if errors else
+                                                               " (no node answered discovery)"))
+        if self._untrained_rounds:
+            rounds = self._untrained_rounds
+            shown = ", ".join(map(str, rounds[:10])) + (", ..." if len(rounds) > 10 else "")
+            return "degraded", (f"{len(rounds)} of {self.round} rounds had no usable training "
+                                f"reply (every reply rejected or missing: see failed_clients in "
+                                f"metrics.jsonl): rounds {shown}")
+        return "completed", None
 
     def _rounds(self, grid: Grid, recorder: RunRecorder, out_dir: Path) -> None:
         self.summary()
@@ -616,7 +737,11 @@ class ClusteredStrategy(Strategy):
             plan = {cid: t for cid, t in self.plan_train(step).items()
                     if cid in self.clients and cid not in self.holdouts}
             replies = self.exchange(grid, P.TRAIN, plan)
+            if plan and not replies:
+                self._untrained_rounds.append(rnd)
+            before = {mid: [a.copy() for a in w] for mid, w in self.models.items()}
             self.on_train_replies(step, replies)
+            self._keep_finite(before)
             record: dict[str, Any] = {"round": rnd, "time_step": step}
             evaluated = self.protocol.evaluates(rnd)
             if evaluated:
@@ -639,9 +764,21 @@ class ClusteredStrategy(Strategy):
             if self.cfg.progress and (evaluated or new_step):
                 log(INFO, "%s", format_round_line(record, total))
             if self.cfg.checkpoint_every and rnd % self.cfg.checkpoint_every == 0:
-                self.save_checkpoint(out_dir / CHECKPOINT_FILE)
+                self.save_checkpoint(out_dir / CHECKPOINT_FILE, grid)
         self.step = None
-        self.save_checkpoint(out_dir / CHECKPOINT_FILE)
+        self.save_checkpoint(out_dir / CHECKPOINT_FILE, grid)
+
+    def _keep_finite(self, before: dict[int, Weights]) -> None:
+        """A model is never replaced by a non-finite one (an aggregate of updates that are
+        each finite can still overflow): it keeps its weights from before the round."""
+        for mid, weights in self.models.items():
+            if not all(np.isfinite(a).all() for a in weights if a.dtype.kind == "f"):
+                log(ERROR, "round %d: model %d became non-finite after aggregation; it keeps its "
+                    "weights from before the round", self.round, mid)
+                if mid in before:
+                    self.models[mid] = before[mid]
+                else:   # created this round from non-finite weights: start it afresh
+                    self.models[mid] = self.initial_weights()
 
     def _server_evaluation(self, rnd: int) -> dict[str, Any]:
         out = {}
@@ -654,15 +791,42 @@ class ClusteredStrategy(Strategy):
     @staticmethod
     def _fresh_stats() -> dict[str, Any]:
         # failed_clients: who missed or failed a message this round (a query phase goes on
-        # with the others; this records who did not answer)
-        return {"bytes_up": 0, "bytes_down": 0, "failures": 0, "failed_clients": []}
+        # with the others; this records who did not answer); bounded_updates: returned models
+        # scaled down by update-norm-bound
+        return {"bytes_up": 0, "bytes_down": 0, "failures": 0, "failed_clients": [],
+                "bounded_updates": 0}
 
     # ------------------------------------------------------------------ checkpoints
+    #: the checkpoint file load_checkpoint read (None: not resumed from a file)
+    resumed_from: Path | None = None
+
+    def check_writable(self, out: Path) -> None:
+        """Refuse, before any file is touched: writing into another finished run's directory
+        (unless ``overwrite``; continuing the checkpoint of ``out`` itself is fine), and a
+        checkpoint past this run's last round."""
+        continuing = (self.round > 0 and self.resumed_from is not None
+                      and self.resumed_from.parent == Path(out).resolve())
+        check_out_dir(out, overwrite=self.cfg.overwrite, continuing=continuing)
+        if self.round > self.num_rounds:
+            raise ValueError(f"the checkpoint is after round {self.round}, but this run has only "
+                             f"{self.num_rounds} rounds")
+
+    def open_recorder(self, out: Path) -> RunRecorder:
+        self.check_writable(out)
+        return RunRecorder(out, strategy=self.name, scenario=self.exp.scenario.name,
+                           seed=self.cfg.seed, config=dict(self.cfg.raw), resume=self.round > 0)
+
     def state_dict(self) -> tuple[dict[str, Any], dict[int, Weights]]:
+        scenario = self.exp.scenario
         meta = {
             "strategy": self.name,
-            "scenario": self.exp.scenario.name,
-            "num_clients": self.exp.scenario.num_clients,
+            "scenario": scenario.name,
+            "num_clients": scenario.num_clients,
+            # what check_same_run compares when the run is resumed; `fedcluster run --resume
+            # DIR` reads the config from here (a killed run has no summary.json)
+            "config": dict(self.cfg.raw),
+            "num_steps": scenario.num_steps,
+            "schedule": schedule_digest(scenario.concept_matrix(), scenario.concept_labels),
             "round": self.round,
             "next_model_id": self.next_model_id,
             "model_birth": {str(k): v for k, v in self.model_birth.items()},
@@ -672,6 +836,7 @@ class ClusteredStrategy(Strategy):
             "rng": self.rng.bit_generator.state,
             "protocol_state": self.protocol.state(),
             "strategy_state": self.strategy_state(),
+            "untrained_rounds": self._untrained_rounds,
         }
         return meta, dict(self.models)
 
@@ -681,6 +846,7 @@ class ClusteredStrategy(Strategy):
             if meta.get(key) != mine:
                 raise ValueError(f"the checkpoint is from a run with {key} = {meta.get(key)!r}; "
                                  f"this run has {key} = {mine!r}")
+        check_same_run(meta, self.cfg.raw, self.exp.scenario)
         self.round = int(meta["round"])
         self.next_model_id = int(meta["next_model_id"])
         self.model_birth = {int(k): int(v) for k, v in meta["model_birth"].items()}
@@ -697,9 +863,58 @@ class ClusteredStrategy(Strategy):
         self.rng.bit_generator.state = meta["rng"]
         self.protocol.load_state(meta["protocol_state"])
         self.load_strategy_state(meta["strategy_state"])
+        self._untrained_rounds = [int(r) for r in meta.get("untrained_rounds", [])]
 
-    def save_checkpoint(self, path: Path) -> None:
-        write_checkpoint(path, *self.state_dict())
+    def save_checkpoint(self, path: Path, grid: Grid | None = None) -> None:
+        """The strategy's state, and with ``grid`` (and checkpoint-client-state) every
+        client's context.state, so that a resumed run continues the clients exactly too."""
+        states = (self.pull_client_states(grid)
+                  if grid is not None and self.cfg.checkpoint_client_state else {})
+        write_checkpoint(path, *self.state_dict(), states)
+
+    def pull_client_states(self, grid: Grid) -> dict[int, bytes]:
+        """Every reachable client's context.state, serialised; a client that does not answer
+        is logged and resumes without its state."""
+        sent = {}
+        for cid, rec in sorted(self.clients.items()):
+            if rec.node_id is not None:
+                sent[rec.node_id] = cid
+        messages = [Message(content=P.build_content(config={P.ROUND: self.round}), dst_node_id=n,
+                            message_type=P.QUERY_STATE, group_id=f"state-{self.round}")
+                    for n in sent]
+        states = {}
+        for msg in grid.send_and_receive(messages, timeout=self.round_timeout) if messages else []:
+            cid = sent.get(msg.metadata.src_node_id)
+            try:
+                if cid is None or msg.has_error():
+                    raise RejectedReply(msg.error.reason if msg.has_error() else "unknown node")
+                claimed = check_metrics(dict(msg.content.metric_records[P.METRICS])).get(P.CLIENT_ID)
+                if claimed != cid:
+                    raise RejectedReply(f"reply claims client id {claimed!r}")
+                states[cid] = P.encode_state(msg.content)
+            except Exception as ex:   # a hostile or failed reply: that client only
+                log(WARNING, "round %d: client %s: its state is not in the checkpoint (%s)",
+                    self.round, cid, ex)
+        return states
+
+    def _restore_states(self, grid: Grid, cids: list[int]) -> None:
+        """Give resumed clients back their checkpointed context.state (once each)."""
+        todo = {self.clients[c].node_id: c for c in cids if c in self._pending_states}
+        messages = []
+        for node, cid in todo.items():
+            content = P.decode_state(self._pending_states[cid])
+            content[P.CONFIG] = ConfigRecord({P.ROUND: self.round})
+            messages.append(Message(content=content, dst_node_id=node,
+                                    message_type=P.QUERY_RESTORE, group_id="restore"))
+        restored = set()
+        for msg in grid.send_and_receive(messages, timeout=self.round_timeout) if messages else []:
+            cid = todo.get(msg.metadata.src_node_id)
+            if cid is not None and not msg.has_error():
+                restored.add(cid)
+                self._pending_states.pop(cid)
+        for cid in sorted(set(todo.values()) - restored):
+            log(WARNING, "client %d: its checkpointed state could not be restored; it continues "
+                "from the state it has", cid)
 
     def load_checkpoint(self, path: Path) -> None:
         meta, models = read_checkpoint(path)
@@ -707,15 +922,36 @@ class ClusteredStrategy(Strategy):
             self.load_state_dict(meta, models)
         except KeyError as ex:
             raise ValueError(f"checkpoint {path} is incomplete: missing {ex}") from None
+        self.resumed_from = checkpoint_file(path)
+        self._pending_states = read_client_states(path)
+
+
+def update_norm(weights: Weights, sent: Weights) -> float:
+    """Euclidean norm of ``weights - sent`` over the float arrays (in float64: 1e30 weights do
+    not overflow it)."""
+    return math.sqrt(sum(float(np.sum((a.astype(np.float64) - b) ** 2))
+                         for a, b in zip(weights, sent) if a.dtype.kind == "f"))
+
+
+def scale_update(weights: Weights, sent: Weights, factor: float) -> Weights:
+    """``sent + factor * (weights - sent)`` on the float arrays; other arrays as returned."""
+    return [(b + factor * (a.astype(np.float64) - b)).astype(a.dtype) if a.dtype.kind == "f" else a
+            for a, b in zip(weights, sent)]
 
 
 def resolve_out_dir(run_config: dict[str, Any], out_dir: str | Path | None = None) -> Path:
-    """``out_dir``, else the run config's ``out-dir``, else ``runs/<strategy>-<scenario>-s<seed>``."""
+    """``out_dir``, else the run config's ``out-dir``, else ``runs/<strategy>-<scenario>-s<seed>``
+    or, when that holds a finished run (and ``overwrite`` is off), the first free
+    ``...-s<seed>-2``, ``-3``, ...: a run without an out-dir never lands on another's results."""
     out = str(out_dir or run_config.get("out-dir", "") or "")
-    if not out:
-        strategy = str(run_config["strategy"]).rsplit(":", 1)[-1]   # a user's: the class name
-        out = f"runs/{strategy}-{run_config['scenario']}-s{run_config['seed']}"
-    return Path(out).expanduser().resolve()
+    if out:
+        return Path(out).expanduser().resolve()
+    strategy = str(run_config["strategy"]).rsplit(":", 1)[-1]   # a user's: the class name
+    base = Path(f"runs/{strategy}-{run_config['scenario']}-s{run_config['seed']}").resolve()
+    path, n = base, 2
+    while not run_config.get("overwrite") and finished_run(path):
+        path, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return path
 
 
 def _keys_to_str(d: dict[int, float] | None) -> dict[str, float] | None:

@@ -13,6 +13,8 @@ from io import BytesIO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
 # message types (query.* are custom actions handled by @app.query(...))
 TRAIN = "train"
@@ -20,6 +22,9 @@ EVALUATE = "evaluate"
 QUERY_INFO = "query.info"           # logical id, ground-truth concept, data sizes
 QUERY_LOSSES = "query.losses"       # loss and accuracy of every model sent, on the training window
 QUERY_HISTOGRAM = "query.histogram"  # label histogram of the training window
+QUERY_STATE = "query.state"         # the client's context.state, for the server's checkpoint
+QUERY_RESTORE = "query.restore"     # put a checkpointed context.state back (a resumed run)
+STATE_PREFIX = "state."             # context.state records travel under state.<name>
 
 MODEL_PREFIX = "model."
 EXTRA_PREFIX = "extra."        # other arrays of a reply (e.g. FedCCFA's classifier rows), by name
@@ -52,6 +57,32 @@ MODEL_IDS = "model-ids"
 HISTOGRAM = "histogram"
 
 PERSONAL_MODEL_ID = -1         # id under which a client's personal model is reported
+
+# What a reply's metric holds, checked before a strategy reads it (core/messages.py): a
+# "scalar", an "int" or a "unit" (a number in [0, 1]), or a list of them ("list", "int-list",
+# "unit-list"). Families declare their own keys with declare_reply_metrics; undeclared keys
+# only have to be finite numbers.
+REPLY_METRICS: dict[str, str] = {
+    CLIENT_ID: "int", CONCEPT: "int", STEP: "int", NUM_EXAMPLES: "int", CHOSEN: "int",
+    TRAIN_LOSS: "scalar", ACCURACY: "unit", LOSS: "scalar",
+    LOSSES: "list", ACCURACIES: "unit-list", MODEL_IDS: "int-list", HISTOGRAM: "int-list",
+}
+_METRIC_KINDS = ("scalar", "int", "unit", "list", "int-list", "unit-list")
+# lists with one value per model: per id of the reply's model-ids, or per model sent without it
+PER_MODEL_METRICS: set[str] = {LOSSES, ACCURACIES}
+
+
+def declare_reply_metrics(per_model: tuple[str, ...] = (), **kinds: str) -> None:
+    """Declare what reply metrics hold, by key (``"fd.counts": "int-list"``; keys with dots
+    or dashes are passed as ``declare_reply_metrics(**{"fd.counts": "int-list"})``);
+    ``per_model``: the list keys that hold one value per model."""
+    PER_MODEL_METRICS.update(per_model)
+    for key, kind in kinds.items():
+        if kind not in _METRIC_KINDS:
+            raise ValueError(f"reply metric {key!r}: kind must be one of {_METRIC_KINDS}, got {kind!r}")
+        if REPLY_METRICS.get(key, kind) != kind:
+            raise ValueError(f"reply metric {key!r} is already declared {REPLY_METRICS[key]!r}")
+        REPLY_METRICS[key] = kind
 
 
 # ------------------------------------------------------------------ arrays on the wire
@@ -106,6 +137,9 @@ def to_numpy(array: Array) -> np.ndarray:
         if len(_LAYOUTS) < _CACHE_LIMIT:
             _LAYOUTS[data[:start]] = layout
     dtype, shape, order = layout
+    if str(dtype) != array.dtype or shape != tuple(array.shape):
+        raise ValueError(f"the array's data hold {dtype}{list(shape)}; its record says "
+                         f"{array.dtype}{list(array.shape)}")
     count = int(np.prod(shape, dtype=np.int64))
     flat = np.frombuffer(data, dtype=dtype, count=count, offset=start)
     return flat.reshape(shape, order=order).copy(order="K")
@@ -140,6 +174,18 @@ def unpack_extras(content: RecordDict) -> dict[str, list[np.ndarray]]:
         for key, record in content.array_records.items()
         if key.startswith(EXTRA_PREFIX)
     }
+
+
+def encode_state(content: RecordDict) -> bytes:
+    """A client's context.state records (the ``state.<name>`` ones of a reply) as bytes."""
+    state = RecordDict({k: v for k, v in content.items() if k.startswith(STATE_PREFIX)})
+    return recorddict_to_proto(state).SerializeToString()
+
+
+def decode_state(blob: bytes) -> RecordDict:
+    proto = ProtoRecordDict()
+    proto.ParseFromString(blob)
+    return recorddict_from_proto(proto)
 
 
 def model_metrics_key(mid: int) -> str:

@@ -443,6 +443,13 @@ class Scenario:
             arrays.append(a)
         return StepData(*arrays, concept=concept)
 
+    def max_client_examples(self) -> int | None:
+        """The most training examples one client holds over the whole run (every step's
+        training data; servers cap a reply's num-examples with it); None when unknown."""
+        sizes = getattr(self, "user_sizes", None)   # scenarios with per-client dataset sizes
+        per_step = max(sizes) if sizes else self.samples_per_step
+        return per_step * self.num_steps if per_step > 0 else None
+
     def step_data(self, client: int, step: int) -> StepData:
         """Train and test data of ``client`` at ``step``: deterministic, cached (bounded LRU)."""
         client, step = self._check(client, step)

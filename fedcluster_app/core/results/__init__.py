@@ -12,14 +12,15 @@ from fedcluster_app.core.results.compare import (GLOBAL_BASELINES, compare_runs,
                                                  time_to_target_table)
 from fedcluster_app.core.results.console import format_round_line, progress_bar
 from fedcluster_app.core.results.files import (METRICS_FILE, PLOT_FILE, REQUIRED_ROUND_KEYS,
-                                               REQUIRED_SUMMARY_KEYS, SUMMARY_FILE, load_run,
-                                               to_json)
+                                               REQUIRED_SUMMARY_KEYS, STATUSES, SUMMARY_FILE,
+                                               check_out_dir, finished_run, load_run,
+                                               read_summary, to_json)
 from fedcluster_app.core.results.plots import plot_run
 from fedcluster_app.core.results.recorder import RunRecorder, compute_summary
 
 __all__ = [
     "GLOBAL_BASELINES", "METRICS_FILE", "PLOT_FILE", "REQUIRED_ROUND_KEYS", "REQUIRED_SUMMARY_KEYS",
-    "SUMMARY_FILE", "RunRecorder", "compare_runs", "compute_summary", "format_round_line",
-    "load_run", "plot_run", "progress_bar", "round_seconds", "rounds_to_target", "time_to_target",
-    "time_to_target_table", "to_json",
+    "STATUSES", "SUMMARY_FILE", "RunRecorder", "check_out_dir", "compare_runs", "compute_summary",
+    "finished_run", "format_round_line", "load_run", "plot_run", "progress_bar", "read_summary",
+    "round_seconds", "rounds_to_target", "time_to_target", "time_to_target_table", "to_json",
 ]

@@ -20,6 +20,7 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "plot.png"
+CHECKPOINT_FILE = "checkpoint.npz"   # written and read by core/checkpoint.py
 
 REQUIRED_ROUND_KEYS = ("round", "time_step", "accuracy", "num_clusters")
 REQUIRED_SUMMARY_KEYS = (
@@ -34,7 +35,9 @@ REQUIRED_SUMMARY_KEYS = (
     "bytes_down",
     "wall_time_s",
 )
-STATUSES = ("completed", "failed")
+#: a run's ``status`` in summary.json: completed; degraded (it ran to the end but lost something
+#: on the way, ``reason`` says what); failed (it stopped, ``error`` / ``reason`` say why)
+STATUSES = ("completed", "degraded", "failed")
 
 # Optional per-round keys whose type the recorder checks when they are present.
 _COUNT_KEYS = ("bytes_up", "bytes_down", "failures", "drifted_clients")
@@ -169,6 +172,46 @@ def read_metrics(path: Path, *, tolerate_partial_last_line: bool = False) -> lis
 
 
 
+
+
+def read_summary(run_dir: str | os.PathLike) -> dict | None:
+    """The summary.json of ``run_dir`` as a dict, or None when there is none (or it is not a
+    JSON object): for deciding what a directory holds, not for validating it (``load_run``)."""
+    try:
+        summary = json.loads((Path(run_dir) / SUMMARY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def finished_run(run_dir: str | os.PathLike) -> str | None:
+    """Why ``run_dir`` holds a run that a new run must not write over (a summary.json with a
+    status; a non-empty metrics.jsonl or a checkpoint: a run that was stopped), or None."""
+    run_dir = Path(run_dir)
+    status = (read_summary(run_dir) or {}).get("status")
+    if status in STATUSES:
+        return f"its {SUMMARY_FILE} says status {status!r}"
+    for name in (METRICS_FILE, CHECKPOINT_FILE):
+        try:
+            if (run_dir / name).stat().st_size > 0:
+                return f"its {name} holds a run that stopped before its summary"
+        except OSError:
+            pass
+    return None
+
+
+def check_out_dir(out_dir: str | os.PathLike, *, overwrite: bool = False,
+                  continuing: bool = False) -> None:
+    """Refuse (``FileExistsError``) to write into the directory of a finished run, unless
+    ``overwrite`` (replace it) or ``continuing`` (this run resumes that directory's checkpoint).
+    Called before any file of the run is written, so a refusal changes nothing."""
+    why = None if overwrite or continuing else finished_run(out_dir)
+    if why:
+        raise FileExistsError(
+            f"{out_dir} holds a finished run's results ({why}); a new run does not write over "
+            f"them: pass --overwrite (run-config key overwrite = true) to replace them, or "
+            f"--resume {out_dir} to continue that run, or choose another --out"
+        )
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:

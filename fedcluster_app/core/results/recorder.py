@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from fedcluster_app.core.atomic import atomic_write_bytes
-from fedcluster_app.core.results.files import (METRICS_FILE, PLOT_FILE, STATUSES, SUMMARY_FILE,
-                                               check_round_record, dump_line, normalise_counts,
-                                               read_metrics, to_json)
+from fedcluster_app.core.results.files import (CHECKPOINT_FILE, METRICS_FILE, PLOT_FILE, STATUSES,
+                                               SUMMARY_FILE, check_round_record, dump_line,
+                                               normalise_counts, read_metrics, to_json)
 from fedcluster_app.core.results.plots import plot_history, title_of
 
 def _mean(values: list[float]) -> float | None:
@@ -76,7 +76,8 @@ class RunRecorder:
     """Writes ``metrics.jsonl`` round by round and ``summary.json`` + ``plot.png`` at the end.
 
     ``resume=False`` starts a fresh ``metrics.jsonl`` (and removes a stale ``summary.json`` /
-    ``plot.png`` of an earlier run in the same directory). ``resume=True`` keeps the existing
+    ``plot.png`` / ``checkpoint.npz`` of an earlier run in the same directory: whether that
+    may happen is decided before, by ``files.check_out_dir``). ``resume=True`` keeps the existing
     records; the first :meth:`log_round` call with round ``r`` drops the kept records with
     round >= ``r`` (rewriting the file atomically) before appending. A malformed last line left
     by a crash is ignored on resume.
@@ -114,7 +115,8 @@ class RunRecorder:
         else:
             self.metrics_path.write_text("", encoding="utf-8")
             if not resume:
-                for stale in (self.summary_path, self.plot_path):
+                for stale in (self.summary_path, self.plot_path,
+                              self.out_dir / CHECKPOINT_FILE):
                     stale.unlink(missing_ok=True)
 
     @property
@@ -167,13 +169,15 @@ class RunRecorder:
         *,
         status: str = "completed",
         error: str | None = None,
+        reason: str | None = None,
         extra: dict | None = None,
         plot: bool = True,
     ) -> dict:
         """Write ``plot.png`` (if ``plot``) and then ``summary.json`` atomically; return the summary.
 
         ``extra`` keys are added last and may override computed fields (e.g. a resumed run's
-        total ``wall_time_s``). A plotting failure does not lose the summary: it is reported
+        total ``wall_time_s``). ``reason`` says why the status is not "completed" (default: the
+        ``error``). A plotting failure does not lose the summary: it is reported
         as ``plot_error`` in it. May be called again (e.g. from a ``finally`` block); the last
         call wins.
         """
@@ -197,6 +201,7 @@ class RunRecorder:
         summary["wall_time_s"] = round(time.monotonic() - self._t0, 3)
         summary.update(computed)
         summary["status"] = status
+        summary["reason"] = reason if reason is not None else error
         summary["error"] = error
         summary["config"] = self.config
         summary["started_at"] = self._started_at

@@ -43,7 +43,6 @@ from fedcluster_app.core.strategy import (
     RejectedReply,
     Reply,
     Task,
-    weighted_average,
 )
 from fedcluster_app.families.fedccfa import wire as W
 from fedcluster_app.families.fedccfa.classifiers import (
@@ -51,6 +50,7 @@ from fedcluster_app.families.fedccfa.classifiers import (
     drift_recovery,
     madd,
 )
+
 
 class _GeneralisedEval(ClusteredStrategy):
     """Shared machinery: one global model (id 0), train.fedccfa / query.fedccfa_eval messages,
@@ -138,7 +138,7 @@ class _GeneralisedEval(ClusteredStrategy):
         items = self.collect_updates(replies).get(self.gid, [])
         if not items or sum(w for _, w in items) <= 0:
             return
-        new = weighted_average(items)
+        new = self.aggregate(items)
         new[-2:] = [a.copy() for a in self.models[self.gid][-2:]]
         self.models[self.gid] = new
 
@@ -339,7 +339,7 @@ class Flash(_GeneralisedEval):
         if not items or sum(w for _, w in items) <= 0:
             return
         w = [a.astype(np.float64) for a in self.models[self.gid]]
-        avg = weighted_average(items)
+        avg = self.aggregate(items)
         delta = [a.astype(np.float64) - b for a, b in zip(avg, w)]
         p = self.params
         b1, b2, tau, eta = p.beta1, p.beta2, p.tau, p.eta_g

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.hparams import HParams, param
 
 TRAIN_KIND = "train.fedccfa"
@@ -28,6 +29,9 @@ LAMBDA = "align-weight"
 ALIGNED = "aligned"
 PERSONAL_AGE = "personal-age"       # rounds the personal classifier has been trained in a row
 EPOCHS_RUN = "epochs-run"
+
+P.declare_reply_metrics(**{GEN_ACCURACY: "unit", ENTROPY: "scalar", LAMBDA: "scalar",
+                            ALIGNED: "int", PERSONAL_AGE: "int", EPOCHS_RUN: "int"})
 
 
 @dataclass(frozen=True)

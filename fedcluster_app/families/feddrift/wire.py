@@ -1,6 +1,8 @@
 """The FedDrift family's wire keys: message kinds and config / metric keys, shared by its
 strategies (server side) and its client handlers (``client.py``)."""
 
+from fedcluster_app.core import wire as P
+
 TRAIN_KIND = "train.feddrift"
 PROBE_KIND = "query.fd_probe"
 DISTANCE_KIND = "query.fd_distance"
@@ -21,3 +23,7 @@ ENS_VOTE = "fd.vote"                 # "hard": weighted vote of predictions | "s
 MASK = "fd.mask"                     # fd.mask.<id>: 0/1 per input feature (KUE random subspaces)
 BOOTSTRAP = "fd.bootstrap"           # train on a Poisson(1) bootstrap of the data (online bagging)
 CONFUSION = "fd.confusion"           # probe reply: C x C confusion counts per model, flattened
+
+P.declare_reply_metrics(**{CLUSTERS: "int-list", ERRORS: "list", COUNTS: "int-list",
+                            ERROR_RATES: "unit-list", MSE: "list", CONFUSION: "list"},
+                         per_model=(ERROR_RATES, MSE))

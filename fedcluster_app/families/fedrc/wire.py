@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.hparams import HParams, param
 
 TRAIN_KIND = "train.fedrc"
@@ -24,6 +25,9 @@ MASS = "label-cluster-mass"        # S, K x C flattened row-major
 OMEGA_REPLY = "omega"
 ITERATIONS = "em-iterations"
 IMPORTANCE = "importance"          # FedSoft: u, aligned with the sorted centre ids
+
+P.declare_reply_metrics(**{MASS: "list", OMEGA_REPLY: "list", ITERATIONS: "int",
+                            IMPORTANCE: "list"})
 
 
 @dataclass(frozen=True)

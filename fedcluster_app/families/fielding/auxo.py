@@ -37,7 +37,6 @@ from fedcluster_app.core.strategy import (
     ClusteredStrategy,
     Reply,
     Task,
-    weighted_average,
 )
 from fedcluster_app.families.fielding import clustering as core
 from fedcluster_app.families.fielding.fielding import sample_clusters, split_budget
@@ -81,7 +80,7 @@ class Auxo(ClusteredStrategy):
                 updates[r.cid] = _flat(w) - _flat(self.models[mid])
                 by_cohort.setdefault(mid, []).append(r.cid)
         for mid, items in self.collect_updates(replies).items():
-            self.models[mid] = weighted_average([(w, 1.0) for w, _ in items])
+            self.models[mid] = self.aggregate([(w, 1.0) for w, _ in items])
             self.mean_update[mid] = np.mean([updates[c] for c in by_cohort[mid]], axis=0)
         if self.round % self.params.split_every == 0:
             for mid in sorted(by_cohort):

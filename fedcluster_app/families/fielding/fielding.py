@@ -399,7 +399,7 @@ class Fielding(ClusteredStrategy):
         for mid, items in self.collect_updates(replies).items():
             if self.params.aggregation == "uniform":
                 items = [(w, 1.0) for w, _ in items]
-            self.models[mid] = weighted_average(items)
+            self.models[mid] = self.aggregate(items)
 
     def num_clusters(self) -> int:
         return len([m for m in self.clusters_in_use() if m != self.probe_id])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.hparams import HParams, param
 from fedcluster_app.families.fielding.clustering import (
@@ -26,6 +27,8 @@ GRAD_LAYERS = "fielding.grad-layers"  # last | all
 DRIFTED = "fielding.drifted"
 REGISTERED = "fielding.registered"
 PROBE_MISSING = "fielding.probe-missing"
+
+P.declare_reply_metrics(**{REP: "list", DRIFTED: "int", REGISTERED: "int", PROBE_MISSING: "int"})
 
 REPRESENTATIONS = ("label", "embedding", "gradient")
 DEFAULT_METRIC = {"label": "l1", "embedding": "sqeuclidean", "gradient": "cosine"}

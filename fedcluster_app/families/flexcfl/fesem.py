@@ -24,7 +24,6 @@ from fedcluster_app.core.strategy import (
     ClusteredStrategy,
     Reply,
     Task,
-    weighted_average,
 )
 from fedcluster_app.families.flexcfl.grouping import (
     decode,
@@ -114,7 +113,7 @@ class FeSEM(ClusteredStrategy):
             for mid, w in r.models.items():
                 self.local[r.cid] = flatten(w)
         for mid, items in self.collect_updates(replies).items():
-            self.models[mid] = weighted_average(
+            self.models[mid] = self.aggregate(
                 items if self.weighted else [(w, 1.0) for w, _ in items])
 
     def strategy_state(self) -> dict[str, Any]:

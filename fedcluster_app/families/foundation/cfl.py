@@ -33,7 +33,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
 from fedcluster_app.core.hparams import HParams, param
-from fedcluster_app.core.strategy import ClusteredStrategy, Reply, weighted_average
+from fedcluster_app.core.strategy import ClusteredStrategy, Reply
 
 
 def flatten(weights: list[np.ndarray]) -> np.ndarray:
@@ -144,7 +144,7 @@ class CFL(ClusteredStrategy):
             rs = [r for r in replies if mid in r.models]
             base = flatten(self.models[mid])
             updates = np.stack([flatten(r.models[mid]) - base for r in rs])
-            average = weighted_average(
+            average = self.aggregate(
                 [(r.models[mid], float(r.model_metrics.get(mid, {}).get("num-examples",
                                                                         r.num_examples)))
                  for r in rs])

@@ -24,7 +24,6 @@ from fedcluster_app.core.strategy import (
     ClusteredStrategy,
     Reply,
     Task,
-    weighted_average,
 )
 
 
@@ -61,7 +60,7 @@ class IFCA(ClusteredStrategy):
             if P.CHOSEN in r.metrics:
                 self.assign(r.cid, int(r.metrics[P.CHOSEN]))
         for mid, items in self.collect_updates(replies).items():
-            self.models[mid] = weighted_average(
+            self.models[mid] = self.aggregate(
                 items if self.weighted else [(w, 1.0) for w, _ in items])
 
     def num_clusters(self) -> int:

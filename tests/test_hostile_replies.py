@@ -1,0 +1,215 @@
+"""No reply, however malformed, crashes the server: it is rejected for that client and round,
+counted, and the run goes on (unit-level fuzzing of the reply check, then whole runs of every
+strategy with clients that corrupt their replies)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedcluster_app.api import STRATEGIES
+from fedcluster_app.core import wire as P
+from fedcluster_app.core.messages import RejectedReply, Task, validate_reply
+from fedcluster_app.core.results import load_run
+from fedcluster_app.engine import InProcessGrid, run_inprocess
+from fedcluster_app.faults import MALFORMATIONS, faulty_app, malform
+
+SHAPES = ((3, 2), (3,))
+DTYPES = (np.dtype(np.float32), np.dtype(np.float32))
+_KEYS = sorted(P.REPLY_METRICS) + ["custom", "x.y"]
+
+numbers = st.one_of(st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True))
+metric_values = st.one_of(numbers, st.lists(st.integers(-5, 5), max_size=4),
+                          st.lists(st.floats(allow_nan=True), max_size=4))
+dtypes = st.sampled_from(["<f4", "<f8", "<i8", "|u1", "<c8", "<U3", "|b1", "object", "|S2", "weird"])
+shapes = st.lists(st.integers(0, 4), max_size=3).map(tuple)
+
+
+@st.composite
+def arrays(draw):
+    """An Array that may be anything: valid .npy bytes of any dtype/shape, or random bytes
+    behind any header."""
+    if draw(st.booleans()):
+        shape = draw(st.sampled_from(SHAPES) | shapes)
+        a = np.full(shape, draw(st.floats(allow_nan=True, width=32)))
+        dtype = draw(st.sampled_from(["<f4", "<f8", "<i4", "<c8", "<U3", "|b1"]))
+        with np.errstate(invalid="ignore"):
+            return Array.from_numpy_ndarray(np.asarray(a.astype(dtype)))
+    return Array(draw(dtypes), draw(shapes), draw(st.sampled_from(["numpy.ndarray", "x"])),
+                 draw(st.sampled_from([b"\x93NUMPY", b""])) + draw(st.binary(max_size=64)))
+
+
+@st.composite
+def replies(draw):
+    content = RecordDict()
+    for key in draw(st.lists(st.sampled_from(["model.0", "model.1", "model.-1", "model.abc",
+                                              "model.", "model.2" + "0" * 30, "extra.x", "other"]),
+                             max_size=3, unique=True)):
+        content[key] = ArrayRecord({str(i): draw(arrays()) for i in range(draw(st.integers(0, 3)))})
+    if draw(st.booleans()):
+        metrics = draw(st.dictionaries(st.sampled_from(_KEYS), metric_values, max_size=6))
+        if draw(st.booleans()):
+            metrics[P.CLIENT_ID] = 4
+        content[P.METRICS] = MetricRecord(metrics)
+    if draw(st.booleans()):
+        content[P.model_metrics_key(0)] = MetricRecord(
+            draw(st.dictionaries(st.sampled_from(_KEYS), metric_values, max_size=3)))
+    return content
+
+
+@pytest.fixture(scope="module")
+def instruction():
+    InProcessGrid({}, 0)   # sets the task identity Message() needs outside a Flower runtime
+    return Message(content=RecordDict(), dst_node_id=11, message_type=P.TRAIN, group_id="1")
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(content=replies())
+def test_any_reply_is_accepted_clean_or_rejected_never_raises_anything_else(instruction, content):
+    task = Task(models=[0, 1], train_ids=[0])
+    try:
+        reply = validate_reply(Message(content, reply_to=instruction), 4, task, SHAPES, DTYPES,
+                               max_examples=100)
+    except RejectedReply:
+        return
+    assert_clean(reply)
+
+
+def assert_clean(reply):
+    """What a strategy may rely on in an accepted reply."""
+    assert reply.cid == 4 and set(reply.models) <= {0}
+    for arrays_ in reply.models.values():
+        assert [a.shape for a in arrays_] == list(SHAPES)
+        assert all(a.dtype == d and np.isfinite(a).all() for a, d in zip(arrays_, DTYPES))
+    for metrics in [reply.metrics, *reply.model_metrics.values()]:
+        for key, value in metrics.items():
+            kind = P.REPLY_METRICS.get(key)
+            assert kind is None or kind.endswith("list") == isinstance(value, list)
+        assert 0 <= metrics.get(P.NUM_EXAMPLES, 0) <= 100
+        assert 0 <= metrics.get(P.ACCURACY, 0) <= 1
+
+
+# corruptions that may leave a valid reply (a junk extra array the strategy ignores, no
+# model at all, a metric set to a plausible value): rejected, or accepted clean
+HARMLESS = ("extra-junk", "drop-arrays", "metric-length", "metric-value")
+
+
+@pytest.mark.parametrize("how", MALFORMATIONS)
+def test_every_malformation_of_a_real_reply_is_rejected_or_harmless(instruction, how):
+    rng = np.random.default_rng(0)
+    honest = RecordDict({"model.0": P.pack_arrays([np.ones(s, np.float32) for s in SHAPES])})
+    honest[P.METRICS] = MetricRecord({P.CLIENT_ID: 4, P.NUM_EXAMPLES: 50, P.LOSSES: [0.5, 0.2],
+                                      P.MODEL_IDS: [0, 1], P.ACCURACY: 0.5})
+    for _ in range(20):   # the corruption is random: it must be rejected every time
+        content = RecordDict({k: v for k, v in honest.items()})
+        bad = malform(instruction, Message(content, reply_to=instruction), rng, how)
+        try:
+            reply = validate_reply(bad, 4, Task(models=[0, 1], train_ids=[0]), SHAPES, DTYPES, 100)
+        except RejectedReply:
+            continue
+        assert how in HARMLESS, f"{how} was accepted"
+        assert_clean(reply)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_clients_sending_malformed_replies_never_stop_a_run(fast_config, strategy):
+    from fedcluster_app.client_app import app as honest
+
+    sent = []
+
+    def counting(msg, ctx):   # they identify themselves (tested below), then corrupt every reply
+        if msg.metadata.message_type == P.QUERY_INFO:
+            return honest(msg, ctx)
+        sent.append(ctx.node_config["partition-id"] in (0, 3, 7))
+        return app(msg, ctx)
+
+    app = faulty_app({0, 3, 7}, "malformed", seed=sorted(STRATEGIES).index(strategy))
+    summary = run_inprocess(fast_config(strategy=strategy), client_app=counting)
+    disk, rounds = load_run(Path(summary["out_dir"]))
+    assert disk["status"] == "completed" and len(rounds) == summary["rounds"]
+    assert sum(sent) >= 20                               # every reply of 3 clients is corrupt
+    assert summary["failures"] >= 10
+    assert all(r["accuracy"] is None or 0 <= r["accuracy"] <= 1 for r in rounds)
+
+
+def test_nodes_claiming_ids_outside_the_population_are_refused(fast_config, caplog):
+    from fedcluster_app.core.config import default_run_config, merge_overrides
+    from fedcluster_app.server_app import run_server
+
+    claims = {10: 999, 11: -1, 12: 2**70, 13: 1.5, 14: [3]}
+
+    def node_config(i):
+        return {"client-id": i} if i < 10 else {"client-id": 0, "claim": i}
+
+    def app(msg, ctx):
+        from fedcluster_app.client_app import app as honest
+
+        claim = ctx.node_config.get("claim")
+        if claim is None:
+            return honest(msg, ctx)
+        return Message(RecordDict({P.METRICS: MetricRecord({P.CLIENT_ID: claims[claim]})}),
+                       reply_to=msg)
+
+    rc = merge_overrides(default_run_config(), fast_config(strategy="fedavg"))
+    grid = InProcessGrid(rc, 15, client_app=app, node_config=node_config)
+    caplog.set_level("INFO", logger="flwr")
+    summary = run_server(grid, rc)
+    _, rounds = load_run(Path(summary["out_dir"]))
+    assert summary["status"] == "completed" and summary["failures"] == 0
+    assert all(r["evaluated_clients"] == 10 for r in rounds)
+    for text in ("client id 999 is outside this scenario's clients 0..9",
+                 "client id -1 is outside", f"client id {2**70} is outside",
+                 "'client-id' must hold integers", "'client-id' must be a number"):
+        assert text in caplog.text
+
+
+# ------------------------------------------------------------------ honest status
+def test_a_run_whose_training_replies_are_all_rejected_is_degraded(fast_config):
+    from fedcluster_app.client_app import app as honest
+
+    def app(msg, ctx):   # every client identifies itself, then sends non-finite models
+        reply = honest(msg, ctx)
+        if msg.metadata.message_type == P.TRAIN and int(msg.content["config"][P.ROUND]) >= 5:
+            reply = malform(msg, reply, np.random.default_rng(0), "garbage-bytes")
+        return reply
+
+    summary = run_inprocess(fast_config(strategy="fedavg"), client_app=app)
+    assert summary["status"] == "degraded"
+    assert summary["reason"].startswith("8 of 12 rounds had no usable training reply")
+    assert "rounds 5, 6, 7" in summary["reason"]
+
+
+def test_a_run_that_admitted_no_client_fails_and_names_the_cause(fast_config, tmp_path):
+    missing = tmp_path / "nowhere" / "client.npz"
+
+    def app(msg, ctx):
+        raise FileNotFoundError(f"dataset file not found: {missing}")
+
+    summary = run_inprocess(fast_config(strategy="fedavg", **{"node-wait-s": 0}), client_app=app)
+    assert summary["status"] == "failed"
+    assert summary["reason"].startswith("no client was ever admitted")
+    assert str(missing) in summary["reason"]
+
+
+def test_defences_against_one_poisoning_client(fast_config):
+    def run(attack, **cfg):
+        out = f"{fast_config()['out-dir']}-{attack}-{'-'.join(map(str, cfg.values()))}"
+        return run_inprocess(fast_config(strategy="fedavg", seed=3, out_dir=out, **cfg),
+                             client_app=faulty_app({0} if attack else set(), attack or "huge"))
+
+    clean = run(None)["mean_accuracy"]
+    # without defences one client with 1e30 weights wrecks the model for good
+    assert run("huge", update_norm_bound=0)["status"] == "degraded"
+    # the default bound and the num-examples cap absorb huge weights and inflated counts
+    for attack in ("huge", "inflated"):
+        summary = run(attack)
+        assert summary["status"] == "completed" and summary["mean_accuracy"] > clean - 0.05
+    # a scaled update is bounded, not undone: the coordinate-wise median is the defence
+    assert run("scaled")["mean_accuracy"] < clean - 0.1
+    for rule in ("median", "trimmed-mean"):
+        assert run("scaled", robust_aggregation=rule)["mean_accuracy"] > clean - 0.05
