@@ -96,3 +96,33 @@ def test_a_foreign_or_corrupt_checkpoint_is_refused_and_left_untouched(fast_conf
         run_inprocess(fast_config(strategy="ifca", resume_from=str(corrupt), out_dir=str(tmp_path / "c")))
     assert ckpt.read_bytes() == original
     assert corrupt.read_bytes() == original[: len(original) // 2]
+
+
+@pytest.mark.parametrize("damage", ["shape", "nan", "inf", "client-state"])
+def test_a_checkpoint_with_wrong_shapes_non_finite_weights_or_bad_client_state_is_refused(
+        fast_config, tmp_path, damage):
+    import numpy as np
+
+    from fedcluster_app.core.checkpoint import read_client_states, write_checkpoint
+
+    summary = run_inprocess(fast_config(strategy="ifca", checkpoint_every=4))
+    meta, models = read_checkpoint(Path(summary["out_dir"]))
+    states = read_client_states(Path(summary["out_dir"]))
+    assert sorted(states) == list(range(10))            # every client's context.state is in it
+    mid = meta["model_ids"][0]
+    if damage == "shape":
+        models[mid][0] = np.zeros((3, 3), np.float32)
+    elif damage in ("nan", "inf"):
+        models[mid][1] = np.full_like(models[mid][1], np.nan if damage == "nan" else np.inf)
+    else:
+        states[2] = b"\xff\x00 not a record"
+    meta["round"] = 4
+    bad = tmp_path / "bad" / "checkpoint.npz"
+    write_checkpoint(bad, meta, models, states)
+    before = bad.read_bytes()
+    expected = {"shape": "has shapes", "nan": "non-finite", "inf": "non-finite",
+                "client-state": "state of client 2 is corrupt"}[damage]
+    with pytest.raises(ValueError, match=expected):
+        run_inprocess(fast_config(strategy="ifca", checkpoint_every=4, resume_from=str(bad),
+                                  out_dir=str(tmp_path / "bad")))
+    assert bad.read_bytes() == before and sorted(p.name for p in bad.parent.iterdir()) == [bad.name]

@@ -851,9 +851,12 @@ class ClusteredStrategy(Strategy):
         self.next_model_id = int(meta["next_model_id"])
         self.model_birth = {int(k): int(v) for k, v in meta["model_birth"].items()}
         for mid, weights in models.items():
-            if len(weights) != len(self._shapes):
-                raise ValueError(f"model {mid} has {len(weights)} arrays, this run's model "
-                                 f"{len(self._shapes)}")
+            shapes = tuple(tuple(a.shape) for a in weights)
+            if shapes != self._shapes:
+                raise ValueError(f"model {mid} of the checkpoint has shapes {shapes}, this run's "
+                                 f"model {self._shapes}")
+            if not all(np.isfinite(a).all() for a in weights if a.dtype.kind == "f"):
+                raise ValueError(f"model {mid} of the checkpoint has non-finite weights")
         self.models = {int(mid): models[int(mid)] for mid in meta["model_ids"]}
         self.clients = {}
         for r in meta["clients"]:
@@ -924,6 +927,12 @@ class ClusteredStrategy(Strategy):
             raise ValueError(f"checkpoint {path} is incomplete: missing {ex}") from None
         self.resumed_from = checkpoint_file(path)
         self._pending_states = read_client_states(path)
+        for cid, blob in self._pending_states.items():   # refused now, not when it rejoins
+            try:
+                P.decode_state(blob)
+            except Exception as ex:
+                raise ValueError(f"checkpoint {path}: the saved state of client {cid} is corrupt "
+                                 f"({type(ex).__name__}: {ex})") from None
 
 
 def update_norm(weights: Weights, sent: Weights) -> float:
