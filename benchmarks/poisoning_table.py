@@ -92,10 +92,9 @@ def table(rows: list[dict]) -> str:
         r = by.get((strategy, attack, fraction, defence))
         if r is None:
             return "not run"
-        if r["status"] != "completed":
-            acc = r.get("mean_accuracy")
-            return f"{r['status']}" + (f" {acc:.2f}" if acc is not None else "")
-        return f"{r['mean_accuracy']:.2f}"
+        acc = r.get("mean_accuracy")
+        text = "no score" if acc is None else f"{acc:.2f}"
+        return text if r["status"] == "completed" else f"{text} ({r['status']})"
 
     head = ("| strategy | attack | " + " | ".join(f"{int(f * 100)}% {d}" for f in FRACTIONS
                                               for d in DEFENCES) + " |")

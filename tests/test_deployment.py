@@ -211,6 +211,13 @@ def test_deploy_up_twice_refuses_and_down_stops_every_process(tmp_path, caplog):
     assert "stale" in caplog.text
 
 
+def checkpointed_round(out: Path) -> int:
+    try:
+        return int(read_checkpoint(out)[0]["round"])
+    except (FileNotFoundError, ValueError):   # not written yet, or being replaced
+        return 0
+
+
 def test_a_crashed_server_resumes_from_its_checkpoint_in_deployment(tmp_path):
     """SIGKILL the SuperLink with its ServerApp mid-run (the server machine dies), bring it back
     on the same database and port, and resume the run with `resume-from`: it ends with the same
@@ -231,8 +238,7 @@ def test_a_crashed_server_resumes_from_its_checkpoint_in_deployment(tmp_path):
     with LocalDeployment(tmp_path / "dep", num_nodes=3) as dep:
         runner = threading.Thread(target=first_attempt)
         runner.start()
-        while not (out / "metrics.jsonl").is_file() or \
-                len((out / "metrics.jsonl").read_text().splitlines()) < 2:
+        while checkpointed_round(out) < 2:   # the checkpoint (with the clients' state) of round 2
             time.sleep(0.2)
         dep.stop_superlink(crash=True)
         runner.join(timeout=300)

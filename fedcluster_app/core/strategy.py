@@ -152,6 +152,7 @@ class ClusteredStrategy(Strategy):
         self._unidentifiable: set[int] = set()      # nodes without a usable client-id
         self._node_errors: dict[int, str] = {}      # nodes not admitted: why (last error)
         self._untrained_rounds: list[int] = []      # rounds whose training got no usable reply
+        self._unevaluated_rounds: list[int] = []    # evaluated rounds without a usable score
         self._pending_states: dict[int, bytes] = {}  # resumed: clients' checkpointed state
         self._refused_duplicates: set[int] = set()  # nodes claiming a client id held by a live node
         self._truth: dict[int, dict[int, int]] = {}  # cid -> step -> concept (metrics, Oracle)
@@ -415,6 +416,7 @@ class ClusteredStrategy(Strategy):
                 reply = validate_reply(msg, cid, task, self._shapes, self._dtypes,
                                        self.max_examples)
                 self._record_truth(reply)
+                self._check_scale(reply)
                 self.check_reply(wire_kind, reply)
             except RejectedReply as ex:
                 self._fail(cid, f"{wire_kind} reply rejected: {ex}")
@@ -432,6 +434,23 @@ class ClusteredStrategy(Strategy):
         self._bound_updates(out)
         self.protocol.on_exchange(kind, tasks, out)
         return out
+
+    def _check_scale(self, reply: Reply) -> None:
+        """Reject a returned model whose update is out of all proportion to the model it
+        started from: a root-mean-square change per weight above MAX_UPDATE_SCALE x the model's
+        own (at least 1) is no training step (1e30 weights), whoever else answered. This also
+        holds for a model only one or two clients train, where update-norm-bound has no
+        median to measure against."""
+        for mid, weights in reply.models.items():
+            if mid in self.models:
+                sent = self.models[mid]
+                size = sum(a.size for a in sent if a.dtype.kind == "f") or 1
+                change = update_norm(weights, sent) / math.sqrt(size)
+                scale = max(1.0, update_norm(sent, [np.zeros_like(a) for a in sent]) / math.sqrt(size))
+                if change > MAX_UPDATE_SCALE * scale:
+                    raise RejectedReply(f"model {mid}: a change of {change:.3g} per weight, "
+                                        f"{change / scale:.3g}x the model's scale (at most "
+                                        f"{MAX_UPDATE_SCALE:g}x)")
 
     def _bound_updates(self, replies: list[Reply]) -> None:
         """Scale down every returned model whose update (returned - sent) is longer than
@@ -700,12 +719,16 @@ class ClusteredStrategy(Strategy):
             errors = "; ".join(f"node {n}: {e}" for n, e in sorted(self._node_errors.items())[:3])
             return "failed", ("no client was ever admitted" + (f" ({errors})" if errors else
                                                                " (no node answered discovery)"))
-        if self._untrained_rounds:
-            rounds = self._untrained_rounds
-            shown = ", ".join(map(str, rounds[:10])) + (", ..." if len(rounds) > 10 else "")
-            return "degraded", (f"{len(rounds)} of {self.round} rounds had no usable training "
-                                f"reply (every reply rejected or missing: see failed_clients in "
-                                f"metrics.jsonl): rounds {shown}")
+        reasons = []
+        for rounds, what in ((self._untrained_rounds, "training"),
+                             (self._unevaluated_rounds, "evaluation")):
+            if rounds:
+                shown = ", ".join(map(str, rounds[:10])) + (", ..." if len(rounds) > 10 else "")
+                reasons.append(f"{len(rounds)} of {self.round} rounds had no usable {what} reply "
+                               f"(rounds {shown})")
+        if reasons:
+            return "degraded", ("; ".join(reasons) + ": every reply rejected or missing, see "
+                                "failures and failed_clients in metrics.jsonl")
         return "completed", None
 
     def _rounds(self, grid: Grid, recorder: RunRecorder, out_dir: Path) -> None:
@@ -746,6 +769,8 @@ class ClusteredStrategy(Strategy):
             evaluated = self.protocol.evaluates(rnd)
             if evaluated:
                 record.update(self.protocol.evaluate(grid, step))
+                if record.get("accuracy") is None:
+                    self._unevaluated_rounds.append(rnd)
             else:
                 record.update(accuracy=None)
             if self._evaluate_fn is not None:
@@ -837,6 +862,7 @@ class ClusteredStrategy(Strategy):
             "protocol_state": self.protocol.state(),
             "strategy_state": self.strategy_state(),
             "untrained_rounds": self._untrained_rounds,
+            "unevaluated_rounds": self._unevaluated_rounds,
         }
         return meta, dict(self.models)
 
@@ -867,6 +893,7 @@ class ClusteredStrategy(Strategy):
         self.protocol.load_state(meta["protocol_state"])
         self.load_strategy_state(meta["strategy_state"])
         self._untrained_rounds = [int(r) for r in meta.get("untrained_rounds", [])]
+        self._unevaluated_rounds = [int(r) for r in meta.get("unevaluated_rounds", [])]
 
     def save_checkpoint(self, path: Path, grid: Grid | None = None) -> None:
         """The strategy's state, and with ``grid`` (and checkpoint-client-state) every
@@ -933,6 +960,11 @@ class ClusteredStrategy(Strategy):
             except Exception as ex:
                 raise ValueError(f"checkpoint {path}: the saved state of client {cid} is corrupt "
                                  f"({type(ex).__name__}: {ex})") from None
+
+
+#: a returned model may change each weight by at most this x the model's RMS weight (or 1):
+#: honest local training moves weights by a fraction of that
+MAX_UPDATE_SCALE = 1e3
 
 
 def update_norm(weights: Weights, sent: Weights) -> float:
