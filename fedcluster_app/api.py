@@ -37,10 +37,12 @@ from fedcluster_app.core.config import (ConfigError, ConfigValue, default_run_co
                                         merge_overrides)
 from fedcluster_app.core.data import build_scenario, list_scenarios, scenario_names
 from fedcluster_app.core.experiment import Experiment, load_experiment
-from fedcluster_app.core.hparams import HParams, param, suggest, toml_table
+from fedcluster_app.core.hparams import HParams, param, suggest
 from fedcluster_app.core.plugins import import_object, is_import_path
 from fedcluster_app.core.strategy import (ClusteredResult, ClusteredStrategy, Task,
                                           weighted_average)
+from fedcluster_app.families import (UnknownStrategy, hyperparameter_tables,
+                                     hyperparameter_users, list_strategies)
 
 _CLASSES = families.strategy_classes()
 
@@ -56,10 +58,6 @@ __all__ = ["ClusteredResult", "ClusteredStrategy", "ConfigError", "HParams", "ST
            "list_strategies", "load_strategy", "make_strategy", "param", "run_config_defaults",
            "scenario_names", "strategy_class", "Task", "weighted_average",
            *sorted(cls.__name__ for cls in _CLASSES)]
-
-
-class UnknownStrategy(ConfigError):
-    """A strategy name that is not registered; the message lists the valid ones."""
 
 
 def load_strategy(path: str) -> type:
@@ -100,42 +98,12 @@ def strategy_class(name: str) -> type[ClusteredStrategy]:
     """A registered strategy by name, or a user's by import path (``package.module:Class``)."""
     if is_import_path(name):
         return load_strategy(name)
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise UnknownStrategy(f"unknown strategy {name!r}{suggest(str(name), sorted(STRATEGIES))}; "
-                              f"valid strategies: {', '.join(sorted(STRATEGIES))}, or your own as "
-                              "'package.module:Class'") from None
+    return STRATEGIES[families.strategy_info(name).name]   # UnknownStrategy lists the valid ones
 
 
 def build_strategy(experiment: Experiment) -> ClusteredStrategy:
     """The strategy the experiment's run config names."""
     return strategy_class(experiment.cfg.strategy)(experiment)
-
-
-def list_strategies() -> list[tuple[str, str]]:
-    """``(name, one-line description)`` of every registered strategy, sorted by name."""
-    return sorted((name, cls.description) for name, cls in STRATEGIES.items())
-
-
-def hyperparameter_users() -> dict[type[HParams], list[str]]:
-    """Every hyper-parameter class with a run-config table and the strategies that read it,
-    in the order of the families."""
-    users: dict[type[HParams], list[str]] = {}
-    for cls in _CLASSES:
-        if cls.Params.table:
-            users.setdefault(cls.Params, []).append(cls.name)
-    return users
-
-
-def hyperparameter_tables() -> str:
-    """Every strategy's hyper-parameter table, in the order of the families, as
-    ``[tool.flwr.app.config.<table>]`` sections of pyproject.toml (which holds exactly this)."""
-    def doc(params: type[HParams]) -> str:
-        return f"docs/{params.__module__.split('.')[2]}.md"
-
-    return "\n".join(toml_table(params, f"{', '.join(names)} (Dn: {doc(params)})")
-                     for params, names in hyperparameter_users().items())
 
 
 def make_strategy(name: str, *, run_config: Mapping[str, ConfigValue] | None = None,

@@ -229,15 +229,21 @@ def _param_rows(params) -> list[tuple[str, str]]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from fedcluster_app.api import (hyperparameter_tables, hyperparameter_users, list_scenarios,
-                                    list_strategies)
+    # the registry's declarations only, never a strategy's module: no torch, answers at once
+    from fedcluster_app.core.data.catalogue import list_scenarios, scenario_protocol
+    from fedcluster_app.core.hparams import toml_table
+    from fedcluster_app.core.plugins import is_import_path
+    from fedcluster_app.families import (hyperparameter_tables, hyperparameter_users,
+                                         list_strategies, strategy_info)
     from fedcluster_app.launcher import load_profiles
 
     if args.strategy:
-        from fedcluster_app.api import strategy_class
-        from fedcluster_app.core.hparams import toml_table
+        if is_import_path(args.strategy):   # the user's class, imported (torch and all)
+            from fedcluster_app.api import load_strategy
 
-        params = strategy_class(args.strategy).Params
+            params = load_strategy(args.strategy).Params
+        else:
+            params = strategy_info(args.strategy).params
         if not params.table:
             print(f"{args.strategy} has no hyper-parameters")
         elif args.toml:
@@ -265,8 +271,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.what in ("all", "presets"):
         sections.append(("presets (fedcluster run --preset NAME)", list_presets()))
     if args.what in ("all", "protocols"):
-        from fedcluster_app.core.data.catalogue import scenario_protocol
-
         rows = [(name, ", ".join(f"{k}={v}" for k, v in scenario_protocol(name).items()))
                 for name, _ in list_scenarios() if scenario_protocol(name)]
         sections.append(("scenarios' paper protocols (applied to keys left at their defaults; "

@@ -22,6 +22,7 @@ from fedcluster_app.families.fedrc import em as C
 from fedcluster_app.families.fedrc import fedrc as fedrc_module
 from fedcluster_app.families.fedrc import wire as W
 from fedcluster_app.families.fedrc.em import importance_weights
+from fedcluster_app.families.fedrc.params import FedRCParams
 
 # The calibrated population, small: 6 clients (+ 3 held-out test clients), FedRC's local training.
 SMALL = {
@@ -160,7 +161,7 @@ def test_held_out_clients_estimate_their_weights_and_pick_their_concept(tmp_path
         client = StreamClient(cid, exp, RecordDict())
         concept = exp.scenario.concept(cid, 1)
         config = {P.STEP: 1, P.ROUND: 1, W.ESTIMATE: True,
-                  **W.FedRCParams(em_iters=50, em_tol=1e-4).to_message(W.PARAMS)}
+                  **FedRCParams(em_iters=50, em_tol=1e-4).to_message(W.PARAMS)}
         metrics, _, _ = FC.evaluate(client, config, shuffled)
         omega = metrics[W.OMEGA_REPLY]
         assert sorted(shuffled)[int(np.argmax(omega))] == 10 + (2, 0, 1).index(concept)

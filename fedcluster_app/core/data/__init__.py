@@ -8,46 +8,39 @@ programmatic schedules, ``generators.py`` / ``drift.py`` for how concepts become
 ``loaders.py`` for local torchvision datasets, ``sources.py`` for a user's own dataset (run-config
 key ``dataset``) and River's bundled tables, ``partition.py`` for how a pool is shared across
 clients (nothing is ever downloaded).
+
+The names below are imported from their modules on first use: the catalogue of scenario names
+(``catalogue.py``) loads without numpy and the data code, so ``fedcluster list`` stays instant.
 """
 
-from fedcluster_app.core.data.catalogue import (
-                                                SCENARIO_NAMES,
-                                                list_scenarios,
-                                                register_scenario,
-                                                scenario_names,
-)
-from fedcluster_app.core.data.loaders import load_image_dataset
-from fedcluster_app.core.data.scenarios import (
-                                                DRIFT_PATTERNS,
-                                                Scenario,
-                                                StepData,
-                                                build_scenario,
-)
-from fedcluster_app.core.data.schedules import (
-                                                bundled_schedule,
-                                                bundled_schedule_names,
-                                                incremental,
-                                                load_cp,
-                                                recurring,
-                                                staggered_random,
-                                                sudden,
-)
+import importlib
 
-__all__ = [
-    "DRIFT_PATTERNS",
-    "SCENARIO_NAMES",
-    "Scenario",
-    "StepData",
-    "build_scenario",
-    "register_scenario",
-    "scenario_names",
-    "bundled_schedule",
-    "bundled_schedule_names",
-    "incremental",
-    "list_scenarios",
-    "load_cp",
-    "load_image_dataset",
-    "recurring",
-    "staggered_random",
-    "sudden",
-]
+#: public name -> the module of this package that defines it
+_EXPORTS = {
+    "SCENARIO_NAMES": "catalogue",
+    "list_scenarios": "catalogue",
+    "register_scenario": "catalogue",
+    "scenario_names": "catalogue",
+    "load_image_dataset": "loaders",
+    "DRIFT_PATTERNS": "scenarios",
+    "Scenario": "scenarios",
+    "StepData": "scenarios",
+    "build_scenario": "scenarios",
+    "bundled_schedule": "schedules",
+    "bundled_schedule_names": "schedules",
+    "incremental": "schedules",
+    "load_cp": "schedules",
+    "recurring": "schedules",
+    "staggered_random": "schedules",
+    "sudden": "schedules",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value

@@ -8,6 +8,7 @@ kinds share one namespace, listed by :func:`list_scenarios`.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -168,6 +169,19 @@ def register_scenario(name: str, description: str, builder: Callable[..., object
     if key in _DEFS or key in _EXTRA:
         raise ValueError(f"scenario {name!r} is already defined")
     _EXTRA[key] = (description, lru_cache(maxsize=32)(builder))
+
+
+def lazy_builder(path: str, *args: object) -> Callable[..., object]:
+    """A builder for :func:`register_scenario` that imports ``package.module:function`` on the
+    first build and returns ``function(*args, **kwargs)``: a family's catalogue declares its
+    scenarios without importing their data code (numpy and the rest), so that listing them
+    (``fedcluster list``) stays instant."""
+    module, _, attr = path.partition(":")
+
+    def build(**kwargs: object) -> object:
+        return getattr(importlib.import_module(module), attr)(*args, **kwargs)
+
+    return build
 
 
 # Each paper's protocol for its own scenarios: run-config settings (rounds per step, local

@@ -45,6 +45,7 @@ from fedcluster_app.core.models import (
 from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.core.training import as_tensor, device_of
 from fedcluster_app.core.training import evaluate as evaluate_model
+from fedcluster_app.families.fedccfa.params import FlashParams, SGDParams
 from fedcluster_app.families.fedccfa.wire import (
     ALIGNED,
     ENTROPY,
@@ -60,8 +61,6 @@ from fedcluster_app.families.fedccfa.wire import (
     PENDING_ROWS,
     PERSONAL_AGE,
     TRAIN_KIND,
-    FlashParams,
-    SGDParams,
     read_params,
 )
 

@@ -44,6 +44,7 @@ from fedcluster_app.core.strategy import (
     Reply,
     Task,
 )
+from fedcluster_app.families.fedccfa import catalogue
 from fedcluster_app.families.fedccfa import wire as W
 from fedcluster_app.families.fedccfa.classifiers import (
     dbscan_labels,
@@ -176,11 +177,8 @@ class _GeneralisedEval(ClusteredStrategy):
 
 
 class FedCCFA(_GeneralisedEval):
-    name = "fedccfa"
-    description = ("FedCCFA: shared extractor, personal classifiers clustered per class "
-                   "(MADD + DBSCAN), entropy-weighted anchor alignment")
+    name, description, Params = catalogue.FEDCCFA.class_attributes()
     algo = "fedccfa"
-    Params = W.FedCCFAParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
@@ -308,25 +306,19 @@ class FedCCFA(_GeneralisedEval):
 
 
 class FedRep(_GeneralisedEval):
-    name = "fedrep"
-    description = "FedRep: shared extractor, private classifier (1 epoch @0.1, then extractor)"
+    name, description, Params = catalogue.FEDREP.class_attributes()
     algo = "fedrep"
-    Params = W.FedRepParams
 
 
 class FedBABU(_GeneralisedEval):
-    name = "fedbabu"
-    description = "FedBABU: classifier frozen at its init, extractor averaged; fine-tune to evaluate"
+    name, description, Params = catalogue.FEDBABU.class_attributes()
     algo = "fedbabu"
-    Params = W.FedBABUParams
 
 
 class Flash(_GeneralisedEval):
-    name = "flash"
-    description = "Flash: client early stopping on validation loss, drift-aware adaptive server optimiser"
+    name, description, Params = catalogue.FLASH.class_attributes()
     algo = "flash"
     needs_head = False
-    Params = W.FlashParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)

@@ -1,5 +1,5 @@
-"""FedCCFA's named drift patterns on the digits (docs/fedccfa.md, "Drift patterns"), registered
-as scenarios.
+"""FedCCFA's named drift patterns on the digits (docs/fedccfa.md, "Drift patterns"): the
+builders of the scenarios ``catalogue.py`` registers.
 
 ``digits-swap`` (sudden: every group swaps at the drift step) and ``digits-static`` (no drift)
 come with the built-in image families; this module adds ``digits-swap-incremental`` (G1 swaps
@@ -18,16 +18,13 @@ from fedcluster_app.core.data.drift import ClassRealisation
 from fedcluster_app.core.data.scenarios import _PARAM_NAMES, Scenario, build_scenario
 
 
-def _variant(pattern: str):
-    def build(**kwargs):
-        given = str(kwargs.get("drift_pattern", "") or "").strip().lower()
-        if given and given not in (pattern, "reoccurring" if pattern == "recurring" else pattern):
-            raise ValueError(f"scenario digits-swap-{pattern} fixes drift-pattern = {pattern!r}; "
-                             f"got {given!r} (use digits-swap with drift-pattern instead)")
-        return build_scenario("digits-swap", **{**kwargs, "drift_pattern": pattern})
-
-    build.__name__ = f"build_digits_swap_{pattern}"
-    return build
+def build_digits_swap(pattern: str, **kwargs) -> Scenario:
+    """``digits-swap-<pattern>``: ``digits-swap`` with that ``drift-pattern``, fixed."""
+    given = str(kwargs.get("drift_pattern", "") or "").strip().lower()
+    if given and given not in (pattern, "reoccurring" if pattern == "recurring" else pattern):
+        raise ValueError(f"scenario digits-swap-{pattern} fixes drift-pattern = {pattern!r}; "
+                         f"got {given!r} (use digits-swap with drift-pattern instead)")
+    return build_scenario("digits-swap", **{**kwargs, "drift_pattern": pattern})
 
 
 # --------------------------------------------------------------------------- the paper's partition
@@ -78,26 +75,3 @@ def build_digits_ccfa(**kwargs) -> Scenario:
         concept_labels=list(base.concept_labels),
         params=tuple(params.get(k, "digits-ccfa" if k == "name" else "") for k in _PARAM_NAMES),
     )
-
-
-#: (name, one-line description, builder) of every scenario of this family
-SCENARIOS = [
-    ("digits-swap-incremental", "scikit-learn 8x8 digits; FedCCFA's incremental label swaps: G1 "
-     "at the drift step, G2 one step later, G3 two steps later", _variant("incremental")),
-    ("digits-swap-recurring", "scikit-learn 8x8 digits; FedCCFA's reoccurring label swaps: all "
-     "groups swap at the drift step and swap back later", _variant("recurring")),
-    ("digits-ccfa", "scikit-learn 8x8 digits with FedCCFA's partition (>= 5 training / 2 test "
-     "samples of every class per client and step, the rest by Dirichlet skew) and label swaps "
-     "by group; drift-pattern none | sudden (default) | incremental | recurring",
-     build_digits_ccfa),
-]
-
-
-# The FedCCFA paper's local training (docs/fedccfa.md; benchmarks/fedccfa_small.py): an MLP with
-# 64 hidden units, 5 SGD epochs per round (lr 0.01, momentum 0.9, weight decay 1e-5, batches of
-# 64), 5 rounds per time step.
-_PAPER = {"model": "mlp", "hidden": 64, "rounds-per-step": 5, "optimizer": "sgd", "lr": 0.01,
-          "momentum": 0.9, "weight-decay": 1e-5, "local-steps": 0, "local-epochs": 5,
-          "batch-size": 64}
-PROTOCOLS = {name: dict(_PAPER) for name in ("digits-ccfa", "digits-swap-incremental",
-                                             "digits-swap-recurring")}

@@ -27,15 +27,14 @@ Details the paper leaves open follow the authors' code: docs/feddrift.md D15, D1
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.hparams import HParams, param
 from fedcluster_app.core.strategy import Task
+from fedcluster_app.families.feddrift import catalogue
 from fedcluster_app.families.feddrift.protocol import TimeStepProtocol, TimeStepStrategy
 from fedcluster_app.families.feddrift.wire import (
     BOOTSTRAP,
@@ -55,63 +54,40 @@ from fedcluster_app.families.foundation.ifca import IFCA
 from fedcluster_app.families.foundation.oracle import Oracle
 
 
-@dataclass(frozen=True)
-class BaselineParams(HParams):
-    """Hyper-parameters of the FedDrift paper's baselines (one table)."""
-
-    table = "feddrift-baselines"
-    driftsurf_delta: float = param(0.05, "DriftSurf threshold (the authors' code: SINE 0.10, "
-                                   "CIRCLE 0.05, SEA 0.02)", gt=0, le=1)
-    driftsurf_reactive: int = param(3, "DriftSurf reactive-period length r (steps)", ge=1)
-    cfl_gamma: float = param(0.1, "CFL split threshold on sqrt((1 - max cross cosine) / 2)",
-                             gt=0, lt=1)
-    afa_lr: float = param(0.1, "Adaptive-FedAvg initial SGD lr (paper: 0.01 on CIRCLE/SEA, "
-                          "0.1 on SINE-2)", gt=0)
-    afa_beta: float = param(0.5, "Adaptive-FedAvg beta1 = beta2 = beta3", gt=0, lt=1)
-
-
 # ------------------------------------------------------------------ the foundation's, here
 class Oblivious(FedAvg):
-    name = "oblivious"
-    description = "FedDrift baseline: one model, FedAvg on all of each client's history"
+    name, description, Params = catalogue.OBLIVIOUS.class_attributes()
     protocol_factory = TimeStepProtocol.window(0)
 
 
 class Window(FedAvg):
-    name = "window"
-    description = "FedDrift baseline: one model, FedAvg on the newest batch only"
+    name, description, Params = catalogue.WINDOW.class_attributes()
     protocol_factory = TimeStepProtocol.window(1)
 
 
 class Window2(FedAvg):
-    name = "window-2"
-    description = "FedDrift baseline: one model, FedAvg on the last two batches"
+    name, description, Params = catalogue.WINDOW_2.class_attributes()
     protocol_factory = TimeStepProtocol.window(2)
 
 
 class OracleT(Oracle):
-    name = "oracle-t"
-    description = "FedDrift protocol Oracle: one model per true concept, all history"
+    name, description, Params = catalogue.ORACLE_T.class_attributes()
     protocol_factory = TimeStepProtocol.window(0)
 
 
 class OracleW(Oracle):
-    name = "oracle-w"
-    description = "FedDrift protocol Oracle-W: one model per true concept, newest batch only"
+    name, description, Params = catalogue.ORACLE_W.class_attributes()
     protocol_factory = TimeStepProtocol.window(1)
 
 
 class IFCAW(IFCA):
-    name = "ifca-w"
-    description = "IFCA-W: k models, every round each client trains its lowest-loss one, newest batch"
+    name, description, Params = catalogue.IFCA_W.class_attributes()
     protocol_factory = TimeStepProtocol.window(1)
     warm_start = True        # everybody trains model 0 in round 1 (D15)
 
 
 class CFLT(CFL):
-    name = "cfl"
-    description = "CFL (Sattler et al.): split clusters by update cosine similarity, all history"
-    Params = BaselineParams
+    name, description, Params = catalogue.CFL.class_attributes()
     protocol_factory = TimeStepProtocol.window(0)
     aggregate_before_split = False      # the authors' code: a split skips the round's average
     min_split_members = 2
@@ -121,15 +97,12 @@ class CFLT(CFL):
 
 
 class CFLW(CFLT):
-    name = "cfl-w"
-    description = "CFL-W: CFL where each client trains on its newest batch only"
+    name, description, Params = catalogue.CFL_W.class_attributes()
     protocol_factory = TimeStepProtocol.window(1)
 
 
 class AdaptiveFedAvgT(AdaptiveFedAvg):
-    name = "adaptive-fedavg"
-    description = "Adaptive-FedAvg: SGD on the newest batch, lr adapted to the model's drift"
-    Params = BaselineParams
+    name, description, Params = catalogue.ADAPTIVE_FEDAVG.class_attributes()
     protocol_factory = TimeStepProtocol.window(1)
     per = "step"
     zero_start = False
@@ -147,8 +120,7 @@ class IFCAT(TimeStepStrategy):
     """IFCA(T): k models with distinct inits; once per step each client takes the lowest-error
     model on its new batch (ties at random), training with history attached per step."""
 
-    name = "ifca-t"
-    description = "IFCA(T): k models, cluster once per step to the lowest error, all history"
+    name, description, Params = catalogue.IFCA_T.class_attributes()
 
     def on_start(self) -> None:
         for k in range(self.cfg.num_clusters):
@@ -169,8 +141,7 @@ class IFCAT(TimeStepStrategy):
 class WeightedLinear(Oblivious):
     """One model on all history; each minibatch first picks a past step t with prob. ~ t."""
 
-    name = "weighted-linear"
-    description = "FedDrift baseline: FedAvg on all history, steps sampled with probability ~ t"
+    name, description, Params = catalogue.WEIGHTED_LINEAR.class_attributes()
 
     def step_weight(self, t: int, tau: int) -> float:
         return float(t)
@@ -185,8 +156,7 @@ class WeightedLinear(Oblivious):
 
 
 class WeightedExp(WeightedLinear):
-    name = "weighted-exp"
-    description = "FedDrift baseline: FedAvg on all history, steps sampled with probability ~ 2^t"
+    name, description, Params = catalogue.WEIGHTED_EXP.class_attributes()
 
     def step_weight(self, t: int, tau: int) -> float:
         return 2.0 ** (t - tau)
@@ -195,9 +165,7 @@ class WeightedExp(WeightedLinear):
 class DriftSurf(TimeStepStrategy):
     """DriftSurf: a server-side stable/reactive state machine over pooled probe accuracies."""
 
-    name = "driftsurf"
-    description = "DriftSurf: centralised drift detector with stable and reactive models"
-    Params = BaselineParams
+    name, description, Params = catalogue.DRIFTSURF.class_attributes()
     MAX_STEPS = 10
 
     def __init__(self, experiment) -> None:
@@ -329,8 +297,7 @@ class AUE(_Ensemble):
     """Accuracy Updated Ensemble: up to 5 members, member j trains on the last j+1 batches,
     weights from the pooled MSE on the newest batch, prediction by weighted hard vote."""
 
-    name = "aue"
-    description = "AUE: ensemble of up to 5 models on sliding windows, MSE-based weights"
+    name, description, Params = catalogue.AUE.class_attributes()
     SIZE = 5
     EPS = 1e-20
 
@@ -404,8 +371,7 @@ class KUE(_Ensemble):
     bootstraps of the newest batch; weights = Cohen's kappa on the newest pooled data; the
     lowest-kappa model is replaced by a fresh one each step; kappa-weighted soft vote."""
 
-    name = "kue"
-    description = "KUE: 10 models on random feature subspaces, kappa weights, replace the worst"
+    name, description, Params = catalogue.KUE.class_attributes()
     vote = "soft"
     SIZE = 10
 

@@ -27,7 +27,6 @@ the paper is silent are docs/feddrift.md, "Choices where the paper is silent" (D
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any, ClassVar
 
@@ -35,8 +34,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.hparams import HParams, param
 from fedcluster_app.core.strategy import Task, weighted_average
+from fedcluster_app.families.feddrift import catalogue
 from fedcluster_app.families.feddrift.protocol import TimeStepProtocol, TimeStepStrategy
 from fedcluster_app.families.feddrift.wire import (
     CLUSTERS,
@@ -48,27 +47,10 @@ from fedcluster_app.families.feddrift.wire import (
 )
 
 
-@dataclass(frozen=True)
-class FedDriftParams(HParams):
-    """The FedDrift family's hyper-parameters (one table for all its variants)."""
-
-    table = "feddrift"
-    delta: float = param(0.1, "drift and merge threshold in 0-1 error units (the authors' "
-                         "code: SINE 0.20, CIRCLE 0.10, SEA 0.04; D17)", gt=0, le=1)
-    subsample: int = param(1000, "points per cluster for the cluster distances L_ij (D4)", ge=1)
-    init_new: str = param("copy", "new model = a copy of the detecting client's best model "
-                          "(D6) | seeded: the run's common initialisation",
-                          choices=("copy", "seeded"))
-    loss: str = param("error", "loss of detection and distances: 0-1 error (D1) | "
-                      "cross-entropy", choices=("error", "cross-entropy"))
-
-
 class FedDriftEager(TimeStepStrategy):
     """Algorithm 3: one shared new model for all clients that detect drift in a step."""
 
-    name = "feddrift-eager"
-    description = "FedDrift-Eager: local drift detection, one new cluster per step, no merging"
-    Params = FedDriftParams
+    name, description, Params = catalogue.FEDDRIFT_EAGER.class_attributes()
     merging: ClassVar[bool] = False
 
     def __init__(self, experiment) -> None:
@@ -235,8 +217,7 @@ class FedDriftEager(TimeStepStrategy):
 class FedDrift(FedDriftEager):
     """Algorithm 4: a new isolated model per drifting client, hierarchical merging every step."""
 
-    name = "feddrift"
-    description = "FedDrift: local drift detection, one new model per drifted client, merging"
+    name, description, Params = catalogue.FEDDRIFT.class_attributes()
     merging = True
 
     def on_detections(self, tau: int, fired: list[tuple[int, int]]) -> None:
@@ -256,8 +237,7 @@ class FedDriftC(FedDrift):
     they can fire again.
     """
 
-    name = "feddrift-c"
-    description = "FedDrift-C: FedDrift with at most one new global model per step"
+    name, description, Params = catalogue.FEDDRIFT_C.class_attributes()
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
@@ -297,12 +277,10 @@ class FedDriftC(FedDrift):
 
 
 class FedDriftEagerW(FedDriftEager):
-    name = "feddrift-eager-w"
-    description = "FedDrift-Eager-W: FedDrift-Eager training on the newest batch only"
+    name, description, Params = catalogue.FEDDRIFT_EAGER_W.class_attributes()
     protocol_factory = TimeStepProtocol.window(1)
 
 
 class FedDriftW(FedDrift):
-    name = "feddrift-w"
-    description = "FedDrift-W: FedDrift training on the newest batch only"
+    name, description, Params = catalogue.FEDDRIFT_W.class_attributes()
     protocol_factory = TimeStepProtocol.window(1)

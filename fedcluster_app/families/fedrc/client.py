@@ -20,8 +20,8 @@
   important centre) on CE + lambda/2 sum_k u_k ||w - c_k||^2, which, with sum_k u_k = 1, is
   FedProx towards sum_k u_k c_k. It returns w (under the personal model id) and u.
 
-Each message carries the strategy's hyper-parameters (``wire.FedRCParams`` /
-``wire.FedSoftParams``); the client reads them through those classes.
+Each message carries the strategy's hyper-parameters (``params.FedRCParams`` /
+``params.FedSoftParams``); the client reads them through those classes.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from fedcluster_app.families.fedrc.em import (
     one_hot,
     responsibilities,
 )
+from fedcluster_app.families.fedrc.params import FedRCParams, FedSoftParams
 from fedcluster_app.families.fedrc.wire import (
     ESTIMATE,
     EVAL_KIND,
@@ -56,8 +57,6 @@ from fedcluster_app.families.fedrc.wire import (
     PARAMS,
     PRIOR,
     TRAIN_KIND,
-    FedRCParams,
-    FedSoftParams,
 )
 
 

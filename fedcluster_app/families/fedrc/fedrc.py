@@ -38,20 +38,17 @@ from flwr.common.logger import log
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.strategy import ClusteredStrategy, RejectedReply, Reply, Task
+from fedcluster_app.families.fedrc import catalogue
 from fedcluster_app.families.fedrc import wire as C
-from fedcluster_app.families.fedrc.wire import FedRCParams
 
 MASS_FLOOR = 1e-8           # A[k, y] is clamped here before normalising (code)
 OMEGA_SUM_TOL = 1e-4        # a reply's omega must sum to 1 within this
 
 
 class FedRC(ClusteredStrategy):
-    name = "fedrc"
-    description = ("FedRC: soft clustering, every client trains all K models with robust "
-                   "per-sample weights (label-frequency correction)")
+    name, description, Params = catalogue.FEDRC.class_attributes()
     message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: C.TRAIN_KIND, P.EVALUATE: C.EVAL_KIND}
     label_correction: ClassVar[bool] = True          # False: FedEM
-    Params = FedRCParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
@@ -201,8 +198,7 @@ class FedRC(ClusteredStrategy):
 
 
 class FedEM(FedRC):
-    name = "fedem"
-    description = "FedEM: soft clustering, every client trains all K models (FedRC without P~)"
+    name, description, Params = catalogue.FEDEM.class_attributes()
     label_correction = False
 
 

@@ -26,15 +26,13 @@ from fedcluster_app.core.strategy import (
     Task,
     weighted_average,
 )
+from fedcluster_app.families.fedrc import catalogue
 from fedcluster_app.families.fedrc import wire as C
 
 
 class FedSoft(ClusteredStrategy):
-    name = "fedsoft"
-    description = ("FedSoft: K centres, personal models pulled towards the centres by "
-                   "importance weights (share of samples each centre fits best)")
+    name, description, Params = catalogue.FEDSOFT.class_attributes()
     message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: C.FEDSOFT_TRAIN_KIND}
-    Params = C.FedSoftParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)

@@ -107,6 +107,7 @@ from fedcluster_app.core.data.drift import (
 )
 from fedcluster_app.core.data.generators import ImagePool, stratified_split
 from fedcluster_app.core.data.scenarios import TAG_PRIOR, Scenario, dirichlet_alpha_arg
+from fedcluster_app.families.fedrc.catalogue import VARIANTS
 
 __all__ = [
     "DIGIT_STYLES",
@@ -386,36 +387,6 @@ class FedRCRealisation(ClassRealisation):
 # ------------------------------------------------------------------------------- builders
 
 
-@dataclass(frozen=True)
-class _Variant:
-    name: str
-    description: str
-    data: str          # "gauss" | "digits"
-    alpha: float       # default per-class Dirichlet concentration (inf = uniform)
-    feature: bool      # corrupted blocks present
-    concept: bool      # three concepts (else everyone on concept 0)
-
-
-_VARIANTS = {v.name: v for v in (
-    _Variant("shifts-3", "FedRC small experiment: 10-class Gaussians in 20-d, 30 clients + 3 "
-             "held-out test clients; feature shift (40% corrupted), Dirichlet(0.1) label skew, "
-             "3 concepts (y, 9-y, y+1)", "gauss", 0.1, True, True),
-    _Variant("shifts-3-mild", "FedRC small experiment's control: shifts-3 with mild label skew "
-             "(Dirichlet 0.5 per class)", "gauss", 0.5, True, True),
-    _Variant("digits-shifts-3", "FedRC small experiment on digits: scikit-learn 8x8 digits, "
-             "30 clients + 3 held-out; 5 corruption styles (40% corrupted), Dirichlet(0.1), "
-             "3 concepts", "digits", 0.1, True, True),
-    _Variant("shifts-feature-only", "FedRC single-shift ablation: shifts-3's Gaussians with "
-             "feature shift only (one concept, uniform labels)", "gauss", math.inf, True, False),
-    _Variant("shifts-label-only", "FedRC single-shift ablation: shifts-3's Gaussians with "
-             "Dirichlet(0.1) label skew only (one concept, no corruption)", "gauss", 0.1, False,
-             False),
-    _Variant("shifts-concept-only", "FedRC single-shift ablation: shifts-3's Gaussians with "
-             "concept shift only (3 concepts 40/30/30%, uniform labels, no corruption)", "gauss",
-             math.inf, False, True),
-)}
-
-
 def _int_arg(key: str, value: object) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -432,9 +403,9 @@ def build_fedrc(name: str, *, seed=0, num_clients=0, num_steps=0, samples_per_st
     """Build the FedRC scenario ``name`` (uncached; ``build_scenario`` caches). See the module
     docstring for the arguments' meaning here."""
     key = str(name).strip().lower()
-    if key not in _VARIANTS:
-        raise ValueError(f"unknown FedRC scenario {name!r}; valid: {', '.join(sorted(_VARIANTS))}")
-    v = _VARIANTS[key]
+    if key not in VARIANTS:
+        raise ValueError(f"unknown FedRC scenario {name!r}; valid: {', '.join(sorted(VARIANTS))}")
+    v = VARIANTS[key]
     params = (key, seed, num_clients, num_steps, samples_per_step, test_samples, schedule,
               drift_pattern, drift_step, dirichlet_alpha, data_dir)
     seed = _int_arg("seed", seed)
@@ -528,24 +499,3 @@ def build_fedrc(name: str, *, seed=0, num_clients=0, num_steps=0, samples_per_st
     scen.shifts = shifts_on  # type: ignore[attr-defined]
     scen.num_participants = m  # type: ignore[attr-defined]
     return scen
-
-
-def _builder(name: str):
-    def build(**kwargs) -> Scenario:
-        return build_fedrc(name, **kwargs)
-
-    build.__name__ = "build_" + name.replace("-", "_")
-    return build
-
-
-#: (name, one-line description, builder) of every scenario of this family
-SCENARIOS = [(name, v.description, _builder(name)) for name, v in _VARIANTS.items()]
-
-
-# The FedRC paper's setup (docs/fedrc.md; presets/fedrc-shifts3.toml): one static time step of
-# T = 150 rounds, one SGD epoch (lr 0.2, batches of 32, last partial batch dropped) per round,
-# K = 3 clusters, weights N(0, 1/fan_in).
-_PAPER = {"rounds-per-step": 150, "num-clusters": 3, "init": "normal", "optimizer": "sgd",
-          "lr": 0.2, "local-steps": 0, "local-epochs": 1, "batch-size": 32, "drop-last": True}
-PROTOCOLS = {name: dict(_PAPER) for name in ("shifts-3", "shifts-3-mild", "shifts-feature-only",
-                                             "shifts-label-only", "shifts-concept-only")}

@@ -38,9 +38,9 @@ from fedcluster_app.core.strategy import (
     Reply,
     Task,
 )
+from fedcluster_app.families.fielding import catalogue
 from fedcluster_app.families.fielding import clustering as core
 from fedcluster_app.families.fielding.fielding import sample_clusters, split_budget
-from fedcluster_app.families.fielding.wire import AuxoParams
 
 
 def _flat(weights: list[np.ndarray]) -> np.ndarray:
@@ -53,11 +53,8 @@ def _unit(v: np.ndarray) -> np.ndarray:
 
 
 class Auxo(ClusteredStrategy):
-    name = "auxo"
-    description = ("Auxo-style: sampled clients re-join the cohort with the most similar mean "
-                   "update every round; cohorts split by 2-means on spread-out updates")
+    name, description, Params = catalogue.AUXO.class_attributes()
 
-    Params = AuxoParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)

@@ -38,6 +38,7 @@ from fedcluster_app.core.handlers import Models
 from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.core.training import as_tensor
 from fedcluster_app.families.fielding import clustering as core
+from fedcluster_app.families.fielding.params import REPRESENTATIONS, FieldingParams
 from fedcluster_app.families.fielding.wire import (
     DRIFTED,
     EPS,
@@ -48,8 +49,6 @@ from fedcluster_app.families.fielding.wire import (
     REGISTER,
     REGISTERED,
     REP,
-    REPRESENTATIONS,
-    FieldingParams,
 )
 
 STATE_REP = "fielding.r-last"          # ArrayRecord: [r_last]

@@ -31,9 +31,8 @@ import numpy as np
 from scipy import sparse
 from scipy.special import xlogy
 
-METRICS = ("l1", "js", "sqeuclidean", "cosine")
-TRIGGERS = ("center_shift", "pairwise", "either")
-SHIFT_REFERENCES = ("step", "last_global")
+from fedcluster_app.families.fielding.params import METRICS
+
 _LN2 = math.log(2.0)
 
 

@@ -61,9 +61,9 @@ from fedcluster_app.core.strategy import (
     weighted_average,
 )
 from fedcluster_app.core.training import as_tensor, local_train
+from fedcluster_app.families.fielding import catalogue
 from fedcluster_app.families.fielding import clustering as core
 from fedcluster_app.families.fielding import wire as fc
-from fedcluster_app.families.fielding.wire import FieldingParams
 
 
 def split_budget(sizes: dict[int, int], total: int, mode: str = "floor") -> dict[int, int]:
@@ -101,13 +101,10 @@ def sample_clusters(strategy: ClusteredStrategy, budget: dict[int, int]) -> dict
 
 
 class Fielding(ClusteredStrategy):
-    name = "fielding"
-    description = ("Fielding: drifted clients move to the nearest center; global re-clustering "
-                   "(silhouette K) when a center moves >= tau x mean center distance")
+    name, description, Params = catalogue.FIELDING.class_attributes()
     fixed_tau: float | None = None       # ablations fix tau
     static = False                       # static CFL: cluster once, never update
 
-    Params = FieldingParams
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
@@ -432,19 +429,16 @@ class Fielding(ClusteredStrategy):
 
 
 class FieldingTau0(Fielding):
-    name = "fielding-tau0"
-    description = "Fielding ablation tau = 0: global re-clustering after every drift"
+    name, description, Params = catalogue.FIELDING_TAU0.class_attributes()
     fixed_tau = 0.0
 
 
 class FieldingTauInf(Fielding):
-    name = "fielding-tauinf"
-    description = "Fielding ablation tau = infinity: per-client moves only, K fixed"
+    name, description, Params = catalogue.FIELDING_TAUINF.class_attributes()
     fixed_tau = math.inf
 
 
 class StaticCFL(Fielding):
-    name = "static-cfl"
-    description = "static CFL: Fielding's clustering once at the start, never updated"
+    name, description, Params = catalogue.STATIC_CFL.class_attributes()
     static = True
 

@@ -127,7 +127,7 @@ def _digits_factory(seed: int, concepts, priors):
 
 
 # ------------------------------------------------------------------------------ label groups
-def _group_scenario(name: str, description: str, frequent: bool, **kwargs) -> Scenario:
+def group_scenario(name: str, description: str, frequent: bool, **kwargs) -> Scenario:
     seed, p, t, n, nt, params = _common(name, kwargs, 30, 20 if frequent else 12, 80, 100)
     groups = list(GROUPS3) + list(GROUPS2)
     concepts = [ClassConcept(f"labels {g[0]}-{g[-1]}", prior_weights=_mask(g, 10)) for g in groups]
@@ -166,7 +166,7 @@ def _group_scenario(name: str, description: str, frequent: bool, **kwargs) -> Sc
 
 
 # ------------------------------------------------------------------------------ label buckets
-def _bucket_scenario(name: str, description: str, data: str, **kwargs) -> Scenario:
+def bucket_scenario(name: str, description: str, data: str, **kwargs) -> Scenario:
     if data == "digits":
         classes, held, buckets, clients = 10, 10, 5, 30
     else:
@@ -204,7 +204,7 @@ def _bucket_scenario(name: str, description: str, data: str, **kwargs) -> Scenar
 
 
 # ------------------------------------------------------------------------------ concept swap
-def _swap_scenario(name: str, description: str, **kwargs) -> Scenario:
+def swap_scenario(name: str, description: str, **kwargs) -> Scenario:
     seed, p, t, n, nt, params = _common(name, kwargs, 20, 6, 200, 100)
     d = _int("drift_step", kwargs.get("drift_step", 0), max(2, math.ceil(t / 3)))
     if not 2 <= d <= t:
@@ -228,44 +228,3 @@ def _swap_scenario(name: str, description: str, **kwargs) -> Scenario:
         samples_per_step=n, test_samples=nt, drift_pattern="fielding label swaps",
         drift_step=d, dirichlet_alpha=math.inf, concept_labels=[c.name for c in concepts],
         params=params)
-
-
-def _entries() -> list[tuple[str, str, object]]:
-    specs: list[tuple[str, str, object]] = []
-    specs += [
-        ("labels-small-large", "Fielding small experiment: 10-class mixture, 3 label groups; "
-         "30% of clients move group at 1/3 (small drift), all re-form into 2 groups at 2/3 "
-         "(large drift)",
-         lambda **kw: _group_scenario("labels-small-large", specs[0][1], False, **kw)),
-        ("labels-frequent-small", "Fielding: 3 label groups; 2 random clients move to the next "
-         "group every step (many small drifts)",
-         lambda **kw: _group_scenario("labels-frequent-small", specs[1][1], True, **kw)),
-        ("digits-buckets", "Fielding's label-bucket stream on noisy 8x8 digits: 5 buckets of 2 "
-         "labels per client, window = 2 buckets, one new bucket per step",
-         lambda **kw: _bucket_scenario("digits-buckets", specs[2][1], "digits", **kw)),
-        ("mixture-buckets", "Fielding's label-bucket stream on a 30-class Gaussian mixture: each "
-         "client holds 10 classes in 5 buckets, window = 2 buckets",
-         lambda **kw: _bucket_scenario("mixture-buckets", specs[3][1], "mixture", **kw)),
-        ("digits-concept-swap", "Fielding appendix: static 8x8 digits, uniform labels; half the "
-         "clients swap two random labels at 1/3 of the steps (concept drift)",
-         lambda **kw: _swap_scenario("digits-concept-swap", specs[4][1], **kw)),
-    ]
-    return specs
-
-
-#: (name, one-line description, builder) of every scenario of this family
-SCENARIOS = _entries()
-
-
-# Fielding's setup as the benchmarks run it (docs/fielding.md; benchmarks/fielding_*.py): local
-# SGD on batches of 20, 30% of the clients per round.
-PROTOCOLS = {
-    name: {"rounds-per-step": 5, "optimizer": "sgd", "lr": 0.3, "local-steps": 5,
-           "batch-size": 20, "fraction-train": 0.3}
-    for name in ("labels-small-large", "labels-frequent-small")
-} | {
-    name: {"rounds-per-step": 10, "optimizer": "sgd", "lr": 0.1, "local-steps": 10,
-           "batch-size": 20, "fraction-train": 0.3}
-    for name in ("digits-buckets", "mixture-buckets")
-} | {"digits-concept-swap": {"rounds-per-step": 5, "optimizer": "sgd", "lr": 0.1,
-                            "local-steps": 5, "batch-size": 20, "fraction-train": 0.5}}

@@ -10,48 +10,22 @@ the authors' code re-runs IFCA's assignment: m models down per shifted client.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.hparams import param
 from fedcluster_app.core.strategy import Reply
-from fedcluster_app.families.flexcfl.migration import MigrationMixin, ShiftParams
+from fedcluster_app.families.flexcfl import catalogue
+from fedcluster_app.families.flexcfl.migration import MigrationMixin
 from fedcluster_app.families.flexcfl.protocol import (
     PaperProtocol,
-    SelectionParams,
-    eval_model_param,
     num_groups,
 )
 from fedcluster_app.families.foundation.fedavg import FedAvg
 from fedcluster_app.families.foundation.ifca import IFCA
 
 
-@dataclass(frozen=True)
-class FlexIFCAParams(SelectionParams):
-    table = "flexcfl-ifca"
-    num_groups: int = param(0, "m, the number of models; 0 = the run's num-clusters", ge=0)
-    weighted: bool = param(False, "false: unweighted mean per model (the paper); true: by "
-                           "num-examples")
-    eval_model: str = eval_model_param()
-
-
-@dataclass(frozen=True)
-class FlexIFCAMigParams(ShiftParams, FlexIFCAParams):
-    table = "flexcfl-ifca-mig"
-
-
-@dataclass(frozen=True)
-class FlexFedAvgParams(SelectionParams):
-    table = "flexcfl-fedavg"
-
-
 class FlexIFCA(IFCA):
-    name = "flexcfl-ifca"
-    description = ("IFCA as in the FlexCFL paper: all m models down, min-loss choice, unweighted "
-                   "mean, paper selection")
-    Params = FlexIFCAParams
+    name, description, Params = catalogue.FLEXCFL_IFCA.class_attributes()
     protocol_factory = PaperProtocol
 
     def num_models(self) -> int:
@@ -59,10 +33,7 @@ class FlexIFCA(IFCA):
 
 
 class FlexIFCAMig(MigrationMixin, FlexIFCA):
-    name = "flexcfl-ifca-mig"
-    description = ("IFCA-MIG: flexcfl-ifca plus the label-shift check; a shifted client takes "
-                   "the lowest-loss model at once (m models down)")
-    Params = FlexIFCAMigParams
+    name, description, Params = catalogue.FLEXCFL_IFCA_MIG.class_attributes()
 
     def before_round(self, grid: Grid, step: int, new_step: bool) -> None:
         self.migrate(grid)
@@ -82,7 +53,5 @@ class FlexIFCAMig(MigrationMixin, FlexIFCA):
 
 
 class FlexFedAvg(FedAvg):
-    name = "flexcfl-fedavg"
-    description = "FedAvg on the FlexCFL paper's client selection (its reference baseline)"
-    Params = FlexFedAvgParams
+    name, description, Params = catalogue.FLEXCFL_FEDAVG.class_attributes()
     protocol_factory = PaperProtocol

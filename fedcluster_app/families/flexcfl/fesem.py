@@ -12,48 +12,29 @@ c_k, and c_k <- the (unweighted, or n-weighted) mean of its trained copies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.hparams import param
 from fedcluster_app.core.strategy import (
     ClusteredStrategy,
     Reply,
     Task,
 )
+from fedcluster_app.families.flexcfl import catalogue
 from fedcluster_app.families.flexcfl.grouping import (
     decode,
     encode,
     flatten,
     nearest_model,
 )
-from fedcluster_app.families.flexcfl.migration import MigrationMixin, ShiftParams
+from fedcluster_app.families.flexcfl.migration import MigrationMixin
 from fedcluster_app.families.flexcfl.protocol import (
     PaperProtocol,
-    SelectionParams,
-    eval_model_param,
     num_groups,
 )
-
-
-@dataclass(frozen=True)
-class FeSEMParams(SelectionParams):
-    table = "fesem"
-    num_groups: int = param(0, "m, the number of centres; 0 = the run's num-clusters", ge=0)
-    weighted: bool = param(False, "false: unweighted mean per centre (the paper); true: by "
-                           "num-examples")
-    init: str = param("w0", "a client without a local model: nearest to w0 | min-loss: the "
-                      "centre of lowest loss (FedRC's FeSEM)", choices=("w0", "min-loss"))
-    eval_model: str = eval_model_param()
-
-
-@dataclass(frozen=True)
-class FeSEMMigParams(ShiftParams, FeSEMParams):
-    table = "fesem-mig"
 
 
 class FeSEM(ClusteredStrategy):
@@ -63,9 +44,7 @@ class FeSEM(ClusteredStrategy):
     ``init = "min-loss"``: a client without a local solution joins the centre of lowest loss on
     its training data instead (FeSEM as the FedRC paper runs it)."""
 
-    name = "fesem"
-    description = "FeSEM: each selected client joins the centre nearest (L2) to its last local model"
-    Params = FeSEMParams
+    name, description, Params = catalogue.FESEM.class_attributes()
     protocol_factory = PaperProtocol
 
     def __init__(self, experiment) -> None:
@@ -129,10 +108,7 @@ class FeSEMMig(MigrationMixin, FeSEM):
     """FeSEM-MIG: a shifted warm client is re-assigned by FeSEM's rule, the centre nearest (L2)
     to its cached last local solution: no message with a model (2K per round)."""
 
-    name = "fesem-mig"
-    description = ("FeSEM-MIG: fesem plus the label-shift check; a shifted client joins the "
-                   "centre nearest to its cached local model at once")
-    Params = FeSEMMigParams
+    name, description, Params = catalogue.FESEM_MIG.class_attributes()
 
     def before_round(self, grid: Grid, step: int, new_step: bool) -> None:
         selected = self.protocol.selected

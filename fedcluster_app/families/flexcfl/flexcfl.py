@@ -26,7 +26,6 @@ choices where the paper is silent: docs/flexcfl.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -36,8 +35,8 @@ from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.hparams import param
 from fedcluster_app.core.strategy import ClusteredStrategy, Reply, Task
+from fedcluster_app.families.flexcfl import catalogue
 from fedcluster_app.families.flexcfl.grouping import (
     cosine,
     cosine_matrix,
@@ -52,58 +51,17 @@ from fedcluster_app.families.flexcfl.grouping import (
     rac_group,
     unflatten,
 )
-from fedcluster_app.families.flexcfl.migration import ShiftCheck, ShiftParams
+from fedcluster_app.families.flexcfl.migration import ShiftCheck
 from fedcluster_app.families.flexcfl.protocol import (
     PaperProtocol,
-    SelectionParams,
-    eval_model_param,
     num_groups,
 )
 from fedcluster_app.families.flexcfl.wire import PRETRAIN_ITERS, QUERY_PRETRAIN
 
 
-@dataclass(frozen=True)
-class FedGroupParams(SelectionParams):
-    table = "fedgroup"
-    num_groups: int = param(0, "m, the number of groups; 0 = the run's num-clusters", ge=0)
-    pretrain_scale: int = param(0, "alpha: alpha x m clients pre-train for the group cold start "
-                                "(error if > N); 0 = the paper's 20, capped at N", ge=0)
-    pretrain_iters: int = param(50, "SGD minibatch steps of a pre-training from w0 (the run's "
-                                "batch-size and lr)", ge=1)
-    eta_g: float = param(0.0, "inter-group aggregation rate (0 = none; paper: 0.1 no shift, "
-                         "5.0 shift)", ge=0)
-    group_init: str = param("pretrained", "group models start at w0 + mean member update "
-                            "(pretrained) | at w0", choices=("pretrained", "w0"))
-    cold_start: str = param("lazy", "lazy: a newcomer is cold-started when first selected | "
-                            "eager: all at once", choices=("lazy", "eager"))
-    measure: str = param("edc", "group cold start: edc (SVD + k-means++) | madc (full cosine "
-                         "matrix, MADC, complete-linkage agglomerative)",
-                         choices=("edc", "madc"), lower=True)
-    rcc: bool = param(False, "RCC ablation: no SVD / clustering; m random pre-trained clients "
-                      "are the group centres")
-    rac: bool = param(False, "RAC ablation: newcomers and migrants join a uniformly random "
-                      "group (seeded)")
-    eval_model: str = eval_model_param()
-
-    def check(self) -> None:
-        if self.rcc and self.measure != "edc":
-            raise ConfigError(f"{self.table}.measure = {self.measure!r} has no use with "
-                              f"{self.table}.rcc = true (RCC forms no clusters); set one of them")
-
-
-@dataclass(frozen=True)
-class FlexCFLParams(ShiftParams, FedGroupParams):
-    table = "flexcfl"
-    migration: bool = param(True, "re-cold-start warm clients whose label counts shifted past "
-                            "the threshold")
-
-
 class FlexCFL(ClusteredStrategy):
-    name = "flexcfl"
-    description = ("FlexCFL: EDC group cold start, newcomer cold start, migration on label "
-                   "shift, inter-group aggregation (eta-g)")
+    name, description, Params = catalogue.FLEXCFL.class_attributes()
     MIGRATION = True
-    Params = FlexCFLParams
     protocol_factory = PaperProtocol
 
     def __init__(self, experiment) -> None:
@@ -355,7 +313,5 @@ class FlexCFL(ClusteredStrategy):
 
 
 class FedGroup(FlexCFL):
-    name = "fedgroup"
-    description = "FedGroup: FlexCFL's EDC grouping and newcomer cold start, no migration"
+    name, description, Params = catalogue.FEDGROUP.class_attributes()
     MIGRATION = False
-    Params = FedGroupParams

@@ -13,25 +13,13 @@ rule (:class:`MigrationMixin`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.hparams import HParams, param
 from fedcluster_app.families.flexcfl.grouping import shift_distance, shift_threshold
-
-SHIFT_METRICS = ("scipy_counts", "tv")
-
-
-@dataclass(frozen=True)
-class ShiftParams(HParams):
-    shift_metric: str = param("scipy_counts", "scipy_counts (the paper's code: Wasserstein of "
-                              "the count vectors) | tv (label-aware)", choices=SHIFT_METRICS)
-    shift_threshold: float = param(0.2, "tau = this x n_orig / C for scipy_counts; the total "
-                                   "variation threshold for tv", ge=0)
 
 
 class ShiftCheck:

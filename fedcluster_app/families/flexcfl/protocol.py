@@ -18,34 +18,14 @@ and FedAvg), so they see the same clients in the same rounds:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Any
 
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.hparams import HParams, param
 from fedcluster_app.core.messages import Reply, Task
 from fedcluster_app.core.protocol import Protocol
-
-SELECTIONS = ("paper", "fraction")
-EVAL_MODELS = ("current_group", "last_received")
-
-
-@dataclass(frozen=True)
-class SelectionParams(HParams):
-    """The protocol's own keys, in every FlexCFL-comparison table."""
-
-    clients_per_round: int = param(20, "K, clients selected per round", ge=1)
-    selection: str = param("paper", "paper: round-robin for N/K rounds, then "
-                           "random.sample seeded t + seed | fraction: fraction-train",
-                           choices=SELECTIONS)
-
-
-def eval_model_param() -> Any:
-    return param("current_group", "current_group | last_received: each client tested with the "
-                 "model it last trained from (w0 if none)", choices=EVAL_MODELS)
 
 
 def num_groups(strategy) -> int:

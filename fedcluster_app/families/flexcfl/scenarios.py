@@ -53,8 +53,6 @@ __all__ = [
 
 SHIFT_KINDS = ("none", "swap-all", "swap-part", "incremental")
 DEFAULT_SWAP_P = 0.05
-SYNTHETIC_STEPS = 100           # the small experiment: T = 100 rounds
-DIGITS_STEPS = 60               # digits pairs: T = 60
 INCREMENTAL_EVERY = 50          # releases at rounds 0 / 50 / 100 / 150
 TAG_SHIFT = 0x5A5
 TAG_INCREMENTAL = 0x1AC
@@ -297,85 +295,55 @@ def _int_arg(key: str, value: object) -> int:
     return value
 
 
-def _builder(name: str, description: str, data: str, default_shift: ShiftSpec,
-             default_clients: int, default_steps: int):
-    def build(*, seed=0, num_clients=0, num_steps=0, samples_per_step=0, test_samples=0,
-              schedule="", drift_pattern="", drift_step=0, dirichlet_alpha=0.0, data_dir=""
-              ) -> Scenario:
-        params = (name, seed, num_clients, num_steps, samples_per_step, test_samples, schedule,
-                  drift_pattern, drift_step, dirichlet_alpha, data_dir)
-        seed = _int_arg("seed", seed)
-        n = _int_arg("num_clients", num_clients) or default_clients
-        t = _int_arg("num_steps", num_steps) or default_steps
-        cap = _int_arg("samples_per_step", samples_per_step)
-        ds = _int_arg("drift_step", drift_step)
-        if schedule:
-            raise ValueError(f"scenario {name} has its own shift schedule; a .cp schedule does "
-                             f"not apply (use drift-pattern = {', '.join(SHIFT_KINDS)})")
-        if n < 2:
-            raise ValueError(f"scenario {name} needs at least 2 clients, got {n}")
-        base = default_shift
-        if ds:
-            base = (ShiftSpec(base.kind, base.p, base.start, ds) if base.kind == "incremental"
-                    else ShiftSpec(base.kind, base.p, ds, base.every))
-        shift = parse_shift(str(drift_pattern), base)
-        if ds and shift.kind == "incremental" and shift.every != ds:
-            shift = ShiftSpec(shift.kind, shift.p, shift.start, ds)
-        if data == "synthetic":
-            users = synthetic_users(1.0, 1.0, n, seed, cap)
-            dim = 60
-        else:
-            users = digits_pair_users(n, seed, cap)
-            dim = 64
-        matrix, holdings, events = holdings_schedule(users, t, shift, seed)
-        labels = [f"holding {i}" for i in range(len(holdings))]
+def holdings_scenario(name: str, description: str, data: str, own_shift: str, clients: int,
+                      steps: int, *, seed=0, num_clients=0, num_steps=0, samples_per_step=0,
+                      test_samples=0, schedule="", drift_pattern="", drift_step=0,
+                      dirichlet_alpha=0.0, data_dir="") -> Scenario:
+    """The scenario ``name`` of ``catalogue.py``: users of ``data`` (synthetic | digits),
+    ``clients`` and ``steps`` by default, under ``own_shift`` (a ``drift_pattern``) unless the
+    build arguments give another."""
+    params = (name, seed, num_clients, num_steps, samples_per_step, test_samples, schedule,
+              drift_pattern, drift_step, dirichlet_alpha, data_dir)
+    seed = _int_arg("seed", seed)
+    n = _int_arg("num_clients", num_clients) or clients
+    t = _int_arg("num_steps", num_steps) or steps
+    cap = _int_arg("samples_per_step", samples_per_step)
+    ds = _int_arg("drift_step", drift_step)
+    if schedule:
+        raise ValueError(f"scenario {name} has its own shift schedule; a .cp schedule does "
+                         f"not apply (use drift-pattern = {', '.join(SHIFT_KINDS)})")
+    if n < 2:
+        raise ValueError(f"scenario {name} needs at least 2 clients, got {n}")
+    default_shift = parse_shift(own_shift, ShiftSpec())
+    base = default_shift
+    if ds:
+        base = (ShiftSpec(base.kind, base.p, base.start, ds) if base.kind == "incremental"
+                else ShiftSpec(base.kind, base.p, ds, base.every))
+    shift = parse_shift(str(drift_pattern), base)
+    if ds and shift.kind == "incremental" and shift.every != ds:
+        shift = ShiftSpec(shift.kind, shift.p, shift.start, ds)
+    if data == "synthetic":
+        users = synthetic_users(1.0, 1.0, n, seed, cap)
+        dim = 60
+    else:
+        users = digits_pair_users(n, seed, cap)
+        dim = 64
+    matrix, holdings, events = holdings_schedule(users, t, shift, seed)
+    labels = [f"holding {i}" for i in range(len(holdings))]
 
-        def factory(users=users, holdings=holdings):
-            return HoldingRealisation(users, holdings, 10, seed)
+    def factory(users=users, holdings=holdings):
+        return HoldingRealisation(users, holdings, 10, seed)
 
-        desc = description
-        if shift != default_shift:
-            desc += f" [shift {shift.kind}, p={shift.p:g}]"
-        scen = Scenario(
-            name=name, description=desc, matrix=matrix, realisation_factory=factory,
-            num_classes=10, input_shape=(dim,), model="mlp", hidden=0, data_seed=seed,
-            samples_per_step=cap, test_samples=0, drift_pattern=shift.kind,
-            drift_step=shift.start if shift.kind in ("swap-all", "swap-part") else 0,
-            dirichlet_alpha=math.inf, concept_labels=labels, params=params)
-        scen.shift = shift            # type: ignore[attr-defined]
-        scen.swap_events = events     # type: ignore[attr-defined]
-        scen.user_sizes = [len(u.y_train) for u in users]  # type: ignore[attr-defined]
-        return scen
-
-    return build
-
-
-_NONE = ShiftSpec("none")
-_SWAP_ALL = ShiftSpec("swap-all", DEFAULT_SWAP_P)
-_SCENARIOS = [
-    ("synthetic-1-1", "FlexCFL Synthetic(1,1): 100 users, power-law sizes, MCLR 60->10; no shift",
-     "synthetic", _NONE, 100, SYNTHETIC_STEPS),
-    ("synthetic-1-1-swap", "Synthetic(1,1); swap-all shift: client pairs exchange their data "
-     "with p = 0.05 per step", "synthetic", _SWAP_ALL, 100, SYNTHETIC_STEPS),
-    ("synthetic-1-1-swap-part", "Synthetic(1,1); swap-part shift: client pairs exchange one "
-     "label each with p = 0.05 per step", "synthetic", ShiftSpec("swap-part", DEFAULT_SWAP_P),
-     100, SYNTHETIC_STEPS),
-    ("synthetic-1-1-incremental", "Synthetic(1,1); incremental shift: 25/50/75/100% of each "
-     "training set released every 50 steps", "synthetic", ShiftSpec("incremental"), 100,
-     SYNTHETIC_STEPS),
-    ("digits-pairs", "8x8 digits, 50 clients owning classes (u, u+1) mod 10, MCLR 64->10; no "
-     "shift", "digits", _NONE, 50, DIGITS_STEPS),
-    ("digits-pairs-swap", "8x8 digits pairs; swap-all shift with p = 0.1 per step", "digits",
-     ShiftSpec("swap-all", 0.1), 50, DIGITS_STEPS),
-]
-
-#: (name, one-line description, builder) of every scenario of this family
-SCENARIOS = [(name, desc, _builder(name, desc, data, shift, n, t))
-             for name, desc, data, shift, n, t in _SCENARIOS]
-
-
-# The FlexCFL paper's setup on Synthetic(1,1) (docs/flexcfl.md; presets/flexcfl-synthetic.toml):
-# a round per time step, 10 local SGD epochs (lr 0.01, batches of 10, L2 0.002), m = 5 groups.
-_PAPER = {"rounds-per-step": 1, "num-clusters": 5, "optimizer": "sgd", "lr": 0.01,
-          "weight-decay": 0.002, "local-steps": 0, "local-epochs": 10, "batch-size": 10}
-PROTOCOLS = {name: dict(_PAPER) for name, *_ in _SCENARIOS if name.startswith("synthetic-")}
+    desc = description
+    if shift != default_shift:
+        desc += f" [shift {shift.kind}, p={shift.p:g}]"
+    scen = Scenario(
+        name=name, description=desc, matrix=matrix, realisation_factory=factory,
+        num_classes=10, input_shape=(dim,), model="mlp", hidden=0, data_seed=seed,
+        samples_per_step=cap, test_samples=0, drift_pattern=shift.kind,
+        drift_step=shift.start if shift.kind in ("swap-all", "swap-part") else 0,
+        dirichlet_alpha=math.inf, concept_labels=labels, params=params)
+    scen.shift = shift            # type: ignore[attr-defined]
+    scen.swap_events = events     # type: ignore[attr-defined]
+    scen.user_sizes = [len(u.y_train) for u in users]  # type: ignore[attr-defined]
+    return scen

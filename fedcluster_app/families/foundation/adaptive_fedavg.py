@@ -26,13 +26,12 @@ paper's baseline under its time-step protocol: t = the time step, lr adapted onc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from fedcluster_app.core.hparams import HParams, param
 from fedcluster_app.core.strategy import Reply, Task
+from fedcluster_app.families.foundation import catalogue
 from fedcluster_app.families.foundation.cfl import flatten
 from fedcluster_app.families.foundation.fedavg import FedAvg
 
@@ -80,27 +79,10 @@ class AdaptiveLR:
         self.mu = None if state["mu"] is None else np.asarray(state["mu"])
 
 
-@dataclass(frozen=True)
-class AdaptiveFedAvgParams(HParams):
-    """Adaptive-FedAvg with the FedCCFA paper's constants, adapted every round."""
-
-    table = "adaptive-fedavg-rounds"
-    beta1: float = param(0.7, "EMA rate of the global weights", gt=0, lt=1)
-    beta2: float = param(0.3, "EMA rate of their squared deviation from the previous mean",
-                         gt=0, lt=1)
-    beta3: float = param(0.7, "EMA rate of the variance ratio", gt=0, lt=1)
-    eta0: float = param(0.01, "initial (and largest) client SGD lr", gt=0)
-    momentum: float = param(0.9, "client SGD momentum", ge=0, lt=1)
-    weight_decay: float = param(1e-5, "client SGD weight decay", ge=0)
-
-
 class AdaptiveFedAvg(FedAvg):
     """FedAvg whose client SGD lr is set by :class:`AdaptiveLR` (module docstring)."""
 
-    name = "adaptive-fedavg-rounds"
-    description = ("Adaptive-FedAvg (FedCCFA's baseline): FedAvg, client SGD lr adapted after "
-                   "every round from the stability of the global weights")
-    Params = AdaptiveFedAvgParams
+    name, description, Params = catalogue.ADAPTIVE_FEDAVG_ROUNDS.class_attributes()
     #: when the lr adapts: after every round's aggregation, or once per time step
     per: ClassVar[str] = "round"
     zero_start: ClassVar[bool] = True

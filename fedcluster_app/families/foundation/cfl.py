@@ -32,8 +32,8 @@ import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
-from fedcluster_app.core.hparams import HParams, param
 from fedcluster_app.core.strategy import ClusteredStrategy, Reply
+from fedcluster_app.families.foundation import catalogue
 
 
 def flatten(weights: list[np.ndarray]) -> np.ndarray:
@@ -94,32 +94,10 @@ class CFLSplitter:
         return None
 
 
-@dataclass(frozen=True)
-class CFLParams(HParams):
-    """CFL's thresholds, as the FedRC paper's comparison runs it (docs/fedrc.md, D17)."""
-
-    table = "cfl-rounds"
-    eps1: float = param(0.0, "split when the mean update norm < eps1 ...; 0 = the heuristic "
-                        "(largest mean norm seen / 10)", ge=0)
-    eps2: float = param(0.0, "... and the largest update norm > eps2; 0 = 6 x eps1", ge=0)
-    gamma: float = param(0.0, "and sqrt((1 - max cross cosine) / 2) > gamma", ge=0)
-    max_clusters: int = param(0, "never more clusters than this; 0 = no cap", ge=0)
-
-
-@dataclass(frozen=True)
-class CFL3Params(CFLParams):
-    """CFL(3): at most three clusters."""
-
-    table = "cfl3-rounds"
-    max_clusters: int = param(3, "never more clusters than this; 0 = no cap", ge=0)
-
-
 class CFL(ClusteredStrategy):
     """CFL (module docstring)."""
 
-    name = "cfl-rounds"
-    description = "CFL (Sattler et al.) on plain rounds: recursive bi-partitioning, no cap"
-    Params = CFLParams
+    name, description, Params = catalogue.CFL_ROUNDS.class_attributes()
     #: average a cluster before testing it for a split (False: a split skips the round's average)
     aggregate_before_split: ClassVar[bool] = True
     #: fewest clients that trained a cluster in a round for it to be tested for a split
@@ -182,6 +160,4 @@ class CFL(ClusteredStrategy):
 
 
 class CFL3(CFL):
-    name = "cfl3-rounds"
-    description = "CFL(3) on plain rounds: recursive bi-partitioning, at most 3 clusters"
-    Params = CFL3Params
+    name, description, Params = catalogue.CFL3_ROUNDS.class_attributes()

@@ -18,17 +18,16 @@ FlexCFL's selection its FedAvg reference.
 from __future__ import annotations
 
 from fedcluster_app.core.strategy import ClusteredStrategy, Task
+from fedcluster_app.families.foundation import catalogue
 
 
 class FedAvg(ClusteredStrategy):
-    name = "fedavg"
-    description = "one global model, FedAvg; FedProx with prox-mu > 0"
+    name, description, Params = catalogue.FEDAVG.class_attributes()
     # The base's defaults are exactly FedAvg: one model, every client on it, sample-weighted mean.
 
 
 class FedProx(FedAvg):
-    name = "fedprox"
-    description = "FedAvg with the FedProx proximal term (prox-mu, 0.01 when unset)"
+    name, description, Params = catalogue.FEDPROX.class_attributes()
     DEFAULT_MU = 0.01
 
     def plan_train(self, step: int) -> dict[int, Task]:

@@ -25,11 +25,11 @@ from fedcluster_app.core.strategy import (
     Reply,
     Task,
 )
+from fedcluster_app.families.foundation import catalogue
 
 
 class IFCA(ClusteredStrategy):
-    name = "ifca"
-    description = "K models (num-clusters); each client trains the one with the lowest loss"
+    name, description, Params = catalogue.IFCA.class_attributes()
     #: round 1 trains model 0 without a choice (the FedDrift paper's IFCA)
     warm_start: ClassVar[bool] = False
 

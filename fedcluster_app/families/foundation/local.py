@@ -9,11 +9,11 @@ mechanism FedCCFA's personal classifiers use), so nothing but metrics travels.
 from __future__ import annotations
 
 from fedcluster_app.core.strategy import ClusteredStrategy, Task
+from fedcluster_app.families.foundation import catalogue
 
 
 class Local(ClusteredStrategy):
-    name = "local"
-    description = "no federation: every client trains its own model, kept on the client"
+    name, description, Params = catalogue.LOCAL.class_attributes()
 
     def on_start(self) -> None:
         pass

@@ -16,11 +16,11 @@ from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.strategy import ClusteredStrategy
+from fedcluster_app.families.foundation import catalogue
 
 
 class Oracle(ClusteredStrategy):
-    name = "oracle"
-    description = "clusters = ground-truth concepts (upper reference)"
+    name, description, Params = catalogue.ORACLE.class_attributes()
     uses_ground_truth = True
 
     def __init__(self, experiment) -> None:

@@ -1,0 +1,73 @@
+"""Wall time of every `fedcluster list` form, each in a fresh process (as a user runs it).
+
+`fedcluster list` reads only the families' catalogues (no torch, no numpy), so every built-in
+form should answer well under the limit (1 s). Prints, per form, the median of --repeat runs
+and its ratio to the limit, with the machine's load average before and after (a loaded machine
+slows every form alike); exits 1 if a form is over the limit.
+
+    python benchmarks/bench_list.py [--repeat 3] [--limit 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FORMS = [
+    ["list"],
+    *(["list", what] for what in ("strategies", "scenarios", "federations", "config", "params",
+                                  "presets", "protocols")),
+    ["list", "--toml"],
+    ["list", "params", "--toml"],
+    ["list", "params", "--strategy", "feddrift"],
+    ["list", "params", "--strategy", "feddrift", "--toml"],
+]
+
+
+def command() -> list[str]:
+    """The installed console script next to this interpreter, else ``python -m``."""
+    script = Path(sys.executable).with_name("fedcluster")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "fedcluster_app.cli"]
+
+
+def wall_seconds(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3, help="runs per form (the median is shown)")
+    ap.add_argument("--limit", type=float, default=1.0, help="slowest allowed, seconds")
+    args = ap.parse_args()
+
+    base = command()
+    print(f"load average (1, 5, 15 min) before: {load()} on {os.cpu_count()} CPUs")
+    print(f"{'form':<52} {'seconds':>8} {'/ limit':>8}")
+    over = []
+    for form in FORMS:
+        seconds = statistics.median(wall_seconds(base + form) for _ in range(args.repeat))
+        ratio = seconds / args.limit
+        print(f"{'fedcluster ' + ' '.join(form):<52} {seconds:8.3f} {ratio:8.2f}")
+        if ratio > 1:
+            over.append(form)
+    print(f"load average after: {load()}")
+    if over:
+        print(f"over the {args.limit:g} s limit: {', '.join(' '.join(f) for f in over)}")
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

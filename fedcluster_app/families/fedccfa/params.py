@@ -1,0 +1,73 @@
+"""The FedCCFA family's typed hyper-parameters, which every message carries (the server sends
+them, the client reads them through the same classes; it has no defaults of its own), apart
+from the strategies so that the catalogue reads them without importing torch or Flower."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedcluster_app.core.hparams import HParams, param
+
+
+@dataclass(frozen=True)
+class SGDParams(HParams):
+    """Local SGD of the FedCCFA family's clients (a fresh optimiser per phase)."""
+
+    batch_size: int = param(64, "minibatch size", ge=1)
+    momentum: float = param(0.9, "SGD momentum", ge=0, lt=1)
+    weight_decay: float = param(1e-5, "SGD weight decay", ge=0)
+
+
+@dataclass(frozen=True)
+class FedCCFAParams(SGDParams):
+    table = "fedccfa"
+    eps: float = param(0.1, "DBSCAN eps on the MADD distance of balanced classifier rows "
+                       "(0.05 for the digits demo)", gt=0)
+    min_samples: int = param(1, "DBSCAN min_samples (1 = connected components)", ge=1)
+    align_start: int = param(20, "T_s: alignment from 0-indexed round t >= align-start", ge=0)
+    tau: float = param(0.1, "temperature of the contrastive anchor loss (Eq. 8)", gt=0)
+    gamma: float = param(20.0, "entropy scaling: lambda = H(P_k(Y)) / gamma", gt=0)
+    weight_mode: str = param("entropy", "entropy (lambda = H/gamma) | fixed (lambda = "
+                             "fixed-weight; 0 = no alignment)", choices=("entropy", "fixed"))
+    fixed_weight: float = param(0.0, "lambda when weight-mode = fixed", ge=0)
+    anchors: str = param("clustered", "clustered (per-class cluster means) | global (one mean "
+                         "anchor per class for everybody)", choices=("clustered", "global"))
+    bal_lr: float = param(0.1, "balanced classifier: SGD lr", gt=0)
+    bal_steps: int = param(5, "balanced classifier: steps on its one balanced batch", ge=1)
+    bal_per_class: int = param(5, "balanced batch: samples per class (at most the smallest "
+                               "present class)", ge=1)
+    clf_lr: float = param(0.1, "personal classifier lr (extractor frozen)", gt=0)
+    clf_epochs: int = param(1, "personal classifier epochs", ge=1)
+    ext_lr: float = param(0.01, "extractor lr (classifier frozen)", gt=0)
+    ext_epochs: int = param(5, "extractor epochs E", ge=1)
+
+
+@dataclass(frozen=True)
+class FedRepParams(SGDParams):
+    table = "fedrep"
+    clf_lr: float = param(0.1, "classifier lr, extractor frozen", gt=0)
+    clf_epochs: int = param(1, "classifier epochs", ge=1)
+    ext_lr: float = param(0.01, "extractor lr, classifier frozen", gt=0)
+    ext_epochs: int = param(5, "extractor epochs", ge=1)
+
+
+@dataclass(frozen=True)
+class FedBABUParams(SGDParams):
+    table = "fedbabu"
+    ext_lr: float = param(0.01, "extractor lr", gt=0)
+    ext_epochs: int = param(5, "extractor epochs", ge=1)
+    ft_lr: float = param(0.01, "fine-tuning lr (whole model) before each evaluation", gt=0)
+    ft_epochs: int = param(5, "fine-tuning epochs (0 = evaluate the global model)", ge=0)
+
+
+@dataclass(frozen=True)
+class FlashParams(SGDParams):
+    table = "flash"
+    lr: float = param(0.01, "client SGD lr", gt=0)
+    epochs: int = param(5, "at most this many local epochs", ge=1)
+    threshold: float = param(0.004, "stop when 0 < prev_loss - loss < threshold / (epoch + 1)",
+                             ge=0)
+    eta_g: float = param(0.01, "server lr", gt=0)
+    beta1: float = param(0.9, "server first moment", ge=0, lt=1)
+    beta2: float = param(0.99, "server second moment", ge=0, lt=1)
+    tau: float = param(0.001, "server epsilon (v starts at tau^2)", gt=0)

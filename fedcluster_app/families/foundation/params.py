@@ -1,0 +1,43 @@
+"""The foundation family's typed hyper-parameters (the run-config tables of CFL on plain rounds
+and of Adaptive-FedAvg), apart from the strategies so that the catalogue reads them without
+importing torch or Flower."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedcluster_app.core.hparams import HParams, param
+
+
+@dataclass(frozen=True)
+class CFLParams(HParams):
+    """CFL's thresholds, as the FedRC paper's comparison runs it (docs/fedrc.md, D17)."""
+
+    table = "cfl-rounds"
+    eps1: float = param(0.0, "split when the mean update norm < eps1 ...; 0 = the heuristic "
+                        "(largest mean norm seen / 10)", ge=0)
+    eps2: float = param(0.0, "... and the largest update norm > eps2; 0 = 6 x eps1", ge=0)
+    gamma: float = param(0.0, "and sqrt((1 - max cross cosine) / 2) > gamma", ge=0)
+    max_clusters: int = param(0, "never more clusters than this; 0 = no cap", ge=0)
+
+
+@dataclass(frozen=True)
+class CFL3Params(CFLParams):
+    """CFL(3): at most three clusters."""
+
+    table = "cfl3-rounds"
+    max_clusters: int = param(3, "never more clusters than this; 0 = no cap", ge=0)
+
+
+@dataclass(frozen=True)
+class AdaptiveFedAvgParams(HParams):
+    """Adaptive-FedAvg with the FedCCFA paper's constants, adapted every round."""
+
+    table = "adaptive-fedavg-rounds"
+    beta1: float = param(0.7, "EMA rate of the global weights", gt=0, lt=1)
+    beta2: float = param(0.3, "EMA rate of their squared deviation from the previous mean",
+                         gt=0, lt=1)
+    beta3: float = param(0.7, "EMA rate of the variance ratio", gt=0, lt=1)
+    eta0: float = param(0.01, "initial (and largest) client SGD lr", gt=0)
+    momentum: float = param(0.9, "client SGD momentum", ge=0, lt=1)
+    weight_decay: float = param(1e-5, "client SGD weight decay", ge=0)
