@@ -81,13 +81,14 @@ def test_a_users_model_data_and_strategy_run_on_ray_as_in_process(tmp_path):
     assert max(r["accuracy"] for r in rounds) > 0.8          # 3 blobs: chance is 1/3
 
 
-def test_a_failed_run_exits_non_zero(tmp_path):
+def test_a_run_refused_before_ray_starts_exits_2(tmp_path):
+    # a checkpoint that is not there is refused before Ray starts and before anything is
+    # written (exit 2: refused)
     proc = fedcluster("run", "--engine", "ray", "--run-config", str(QUICK), "--out",
                       str(tmp_path / "x"), "--set", f'resume-from="{tmp_path / "missing"}"')
-    assert proc.returncode == 1
-    assert "run failed" in proc.stderr and "finished:failed" in proc.stderr
-    # a checkpoint that is not there is refused before anything is written
-    assert not (tmp_path / "x" / "summary.json").exists()
+    assert proc.returncode == 2
+    assert f"no checkpoint at {tmp_path / 'missing'}" in proc.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def _toml(path: Path) -> dict:
