@@ -157,12 +157,16 @@ def stop_group(pgid: int, timeout: float = 10.0) -> None:
     stale PID, maybe reused) is not signalled."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if not group_members(pgid):
-            return
+            break
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
         deadline = time.monotonic() + timeout
         while group_members(pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
+    # the leader is our child when this process started it: collect its exit status, so it
+    # leaves no zombie (a zombie still answers os.kill(pid, 0))
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pgid, os.WNOHANG)
 
 
 @dataclass

@@ -9,9 +9,8 @@ each round (the state lost between messages), every round would read [1, 1].
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from test_deployment import alive
 from test_e2e_ray import fedcluster, superlinks
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
@@ -50,9 +49,9 @@ def test_personal_classifier_survives_rounds_in_a_deployment(tmp_path):
     with LocalDeployment(tmp_path / "dep", num_nodes=3) as dep:
         started = dict(dep.pids)
         run_on_deployment(cfg, dep.connection())
-    for pid in started.values():                          # torn down: no process is left
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    # torn down: no process is left (a zombie has exited: an init that never reaps, as in some
+    # containers, keeps it listed)
+    assert not [pid for pid in started.values() if alive(pid)]
     summary, rounds = load_run(out)
     assert summary["status"] == "completed" and len(rounds) == 2
     assert all(r["trained_clients"] == 3 and r["failures"] == 0 for r in rounds)
