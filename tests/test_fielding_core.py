@@ -272,8 +272,71 @@ def test_engine_is_picked_by_size(monkeypatch):
     assert calls == []                                   # 30 clients: per-restart engine
     monkeypatch.setattr(core, "_BATCH_MIN_CLIENTS", 30)
     core.cluster(x, "l1", 2, 4, 3, seed=0)
-    assert len(calls) == 3                               # one lock-step batch per K
+    assert len(calls) == 1                               # one lock-step batch for all K
     core.cluster(x, "sqeuclidean", 2, 4, 3, seed=0)      # l1 only
     dense = np.random.default_rng(1).dirichlet(np.ones(10), size=30)
     core.cluster(dense, "l1", 2, 4, 3, seed=0)           # sparse vectors only
-    assert len(calls) == 3
+    assert len(calls) == 1
+
+
+# ------------------------------------------------------------ against a plain reference
+def _plain_kmeans(x, k, n_init, rng, keep=None, prune_at=3, max_iter=100):
+    """docs/fielding.md, D4 written plainly: brute-force l1 distances, k-means++ with the same
+    RNG calls, Lloyd until no client moves; with ``keep``, successive halving after
+    ``prune_at`` iterations (restarts already finished stay in the pool and are never dropped)."""
+    dist = lambda c: np.abs(x[:, None, :] - c[None, :, :]).sum(2)
+    runs = []
+    for _ in range(n_init):
+        idx = [int(rng.integers(len(x)))]
+        dmin = dist(x[idx[0]][None])[:, 0]
+        while len(idx) < k:
+            w = dmin ** 2
+            nxt = int(rng.choice(len(x), p=w / w.sum())) if w.sum() > 0 else int(
+                rng.integers(len(x)))
+            idx.append(nxt)
+            dmin = np.minimum(dmin, dist(x[nxt][None])[:, 0])
+        c = x[idx].copy()
+        lab = dist(c).argmin(1)
+        costs, done_at = [], max_iter - 1
+        for it in range(max_iter):
+            c = np.stack([x[lab == j].mean(0) if (lab == j).any() else c[j] for j in range(k)])
+            new = dist(c).argmin(1)
+            moved, lab = (new != lab).any(), new
+            costs.append(float(np.abs(x - c[lab]).sum()))
+            if not moved:
+                done_at = it
+                break
+        runs.append((lab, costs, done_at))
+    alive = list(range(n_init))
+    if keep is not None and 0 < keep < n_init:
+        early = [costs[-1] for _, costs, done_at in runs if done_at < prune_at - 1]
+        at_prune = {r: runs[r][1][prune_at - 1] for r in range(n_init)
+                    if runs[r][2] >= prune_at - 1}
+        cut = sorted(early + list(at_prune.values()))[keep - 1]
+        alive = [r for r in range(n_init) if not (r in at_prune and at_prune[r] > cut
+                                                  and runs[r][2] != prune_at - 1)]
+    best = min(alive, key=lambda r: runs[r][1][-1])                 # first of equal costs
+    return np.unique(runs[best][0], return_inverse=True)[1]
+
+
+@pytest.mark.parametrize("keep", [None, 2])
+def test_lock_step_search_matches_a_plain_reference(keep):
+    # every K's partition and the K chosen equal those of the plain loops above (the lock step,
+    # the bounds, the full passes and the merged K only change how the distances are computed);
+    # rows of random mass, so that no two centers are exactly as far from a client (a client
+    # sharing no label with two centers of equal mass is), which argmin would break by rounding
+    rng = np.random.default_rng(11)
+    x = _buckets(rng, 240, d=24, per=(2, 5)) * rng.uniform(0.5, 2.0, size=(240, 1))
+    ks = range(2, 7)
+    res = core.cluster(x, "l1", 2, 6, 4, seed=5, batched=True, keep=keep)
+    ref_rng = np.random.default_rng(5)
+    plain = {k: _plain_kmeans(x, k, 4, ref_rng, keep=keep) for k in ks}
+    scores = {k: silhouette_score(x, plain[k], metric="manhattan") for k in ks}
+    best_k = max(ks, key=lambda k: (scores[k], -k))                 # ties: smaller K
+    assert res.k == best_k and np.array_equal(res.labels, plain[best_k])
+    assert all(res.scores[k] == pytest.approx(scores[k], abs=1e-12) for k in ks)
+    pts = core.Points(x, "l1")
+    for k in ks:                                                    # each K alone, too
+        one = core.kmeans(pts, k, 4, np.random.default_rng(k), batched=True, keep=keep)
+        assert np.array_equal(one.labels, _plain_kmeans(x, k, 4, np.random.default_rng(k),
+                                                        keep=keep))
