@@ -42,17 +42,14 @@ _JUNK_KEYS = ("abc", "", "999", "-5", "1e3", "0x1", str(2**70), "1.5", " 2")
 _JUNK_VALUES = (float("nan"), float("inf"), -1, -(2**63), 2**70, 1e300, 0.5, 0, [])
 
 
-def client_id(ctx: Context) -> int:
-    cfg = ctx.node_config
-    return int(cfg.get("client-id", cfg.get("partition-id", -1)))
-
-
 def faulty_app(attackers: Iterable[int], attack: str, *, seed: int = 0, rate: float = 1.0,
                base: ClientAppFn | None = None) -> ClientAppFn:
     """A ClientApp whose ``attackers`` (logical client ids) answer with ``attack`` applied
     to ``rate`` of their replies; every other client is ``base`` (the built-in ClientApp)."""
     if attack != "malformed" and attack not in ATTACKS:
         raise ValueError(f"attack must be 'malformed' or one of {sorted(ATTACKS)}, got {attack!r}")
+    from fedcluster_app.client_app import logical_client_id
+
     if base is None:
         from fedcluster_app.client_app import app as base
     bad = frozenset(int(c) for c in attackers)
@@ -60,7 +57,7 @@ def faulty_app(attackers: Iterable[int], attack: str, *, seed: int = 0, rate: fl
 
     def app(msg: Message, ctx: Context) -> Message:
         reply = base(msg, ctx)
-        if client_id(ctx) not in bad or rng.random() >= rate:
+        if logical_client_id(ctx) not in bad or rng.random() >= rate:
             return reply
         if attack == "malformed":
             return malform(msg, reply, rng)
@@ -186,10 +183,4 @@ def _bad_metrics(metrics: dict, how: str, rng: np.random.Generator) -> dict:
             n = int(rng.integers(0, 2 * len(value) + 2))
             metrics[key] = (value * (n // max(len(value), 1) + 1))[:n] if value else [0.0] * n
     return metrics
-
-
-def hostile_nodes(num_nodes: int, fraction: float) -> set[int]:
-    """The first ``round(fraction * num_nodes)`` client ids (at least one when fraction > 0)."""
-    k = int(round(fraction * num_nodes))
-    return set(range(max(k, 1 if fraction > 0 else 0)))
 

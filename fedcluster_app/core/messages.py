@@ -100,10 +100,11 @@ def _validate(msg, cid, task, shapes, dtypes, max_examples) -> Reply:
     ids = metrics.get(P.MODEL_IDS)
     if ids is not None and not set(ids) <= set(task.models) | {P.PERSONAL_MODEL_ID}:
         raise RejectedReply(f"reports models {ids}; it was sent {task.models}")
+    num_models = len(task.models if ids is None else ids)
     for key in P.PER_MODEL_METRICS & set(metrics):
-        if len(metrics[key]) != len(task.models if ids is None else ids):
+        if len(metrics[key]) != num_models:
             raise RejectedReply(f"metric {key!r} has {len(metrics[key])} values for "
-                                f"{len(task.models if ids is None else ids)} models")
+                                f"{num_models} models")
     for mid, arrays in models.items():
         if mid not in allowed:
             raise RejectedReply(f"returned model {mid}, which it was not asked to train")

@@ -406,6 +406,8 @@ class ClusteredStrategy(Strategy):
         replies = (list(grid.send_and_receive(messages, timeout=self.round_timeout))
                    if messages else [])
         out, answered = [], set()
+        norms: dict[tuple[int, int], float] = {}   # (client, model) -> update norm
+        scales: dict[int, float] = {}              # model -> its RMS weight (at least 1)
         for msg in replies:
             node = msg.metadata.src_node_id
             cid, task = sent.get(node, (None, None))
@@ -416,7 +418,7 @@ class ClusteredStrategy(Strategy):
                 reply = validate_reply(msg, cid, task, self._shapes, self._dtypes,
                                        self.max_examples)
                 self._record_truth(reply)
-                self._check_scale(reply)
+                norms.update(self._check_scale(reply, scales))
                 self.check_reply(wire_kind, reply)
             except RejectedReply as ex:
                 self._fail(cid, f"{wire_kind} reply rejected: {ex}")
@@ -431,43 +433,48 @@ class ClusteredStrategy(Strategy):
             if node not in answered:
                 self._fail(cid, f"no {wire_kind} reply within {self.round_timeout:.0f} s")
         out = sorted(out, key=lambda r: r.cid)  # order fixed: aggregation sums are reproducible
-        self._bound_updates(out)
+        self._bound_updates(out, norms)
         self.protocol.on_exchange(kind, tasks, out)
         return out
 
-    def _check_scale(self, reply: Reply) -> None:
-        """Reject a returned model whose update is out of all proportion to the model it
-        started from: a root-mean-square change per weight above MAX_UPDATE_SCALE x the model's
-        own (at least 1) is no training step (1e30 weights), whoever else answered. This also
-        holds for a model only one or two clients train, where update-norm-bound has no
-        median to measure against."""
+    def _check_scale(self, reply: Reply, scales: dict[int, float]) -> dict[tuple[int, int], float]:
+        """The update norm of every model the reply returns, by (client, model); RejectedReply
+        for one out of all proportion to the model it started from: a root-mean-square change
+        per weight above MAX_UPDATE_SCALE x the model's own (at least 1) is no training step
+        (1e30 weights), whoever else answered. This also holds for a model only one or two
+        clients train, where update-norm-bound has no median to measure against. ``scales``
+        caches each model's RMS weight for the exchange."""
+        norms = {}
         for mid, weights in reply.models.items():
             if mid in self.models:
                 sent = self.models[mid]
-                size = sum(a.size for a in sent if a.dtype.kind == "f") or 1
-                change = update_norm(weights, sent) / math.sqrt(size)
-                scale = max(1.0, update_norm(sent, [np.zeros_like(a) for a in sent]) / math.sqrt(size))
+                size = math.sqrt(sum(a.size for a in sent if a.dtype.kind == "f") or 1)
+                if mid not in scales:
+                    scales[mid] = max(1.0, update_norm(sent, [0.0] * len(sent)) / size)
+                norm = norms[reply.cid, mid] = update_norm(weights, sent)
+                change, scale = norm / size, scales[mid]
                 if change > MAX_UPDATE_SCALE * scale:
                     raise RejectedReply(f"model {mid}: a change of {change:.3g} per weight, "
                                         f"{change / scale:.3g}x the model's scale (at most "
                                         f"{MAX_UPDATE_SCALE:g}x)")
+        return norms
 
-    def _bound_updates(self, replies: list[Reply]) -> None:
+    def _bound_updates(self, replies: list[Reply], norms: dict[tuple[int, int], float]) -> None:
         """Scale down every returned model whose update (returned - sent) is longer than
         ``update-norm-bound`` x the median update of the same model in this exchange: one
         client cannot drag a model far (a scaled or huge update), while its honest co-members,
         doing the same local work from the same model, stay inside the bound. Per model, since
         a fresh model moves much further than a converged one; it needs 3 updates of that model
-        for a median that one attacker cannot set."""
+        for a median that one attacker cannot set. ``norms``: as _check_scale measured them."""
         bound = self.cfg.update_norm_bound
         if bound <= 0:
             return
-        norms: dict[int, dict[int, float]] = {}   # model id -> reply index -> update norm
+        by_model: dict[int, dict[int, float]] = {}   # model id -> reply index -> update norm
         for i, r in enumerate(replies):
-            for mid, w in r.models.items():
+            for mid in r.models:
                 if mid in self.models:
-                    norms.setdefault(mid, {})[i] = update_norm(w, self.models[mid])
-        for mid, by_reply in norms.items():
+                    by_model.setdefault(mid, {})[i] = norms[r.cid, mid]
+        for mid, by_reply in by_model.items():
             median = float(np.median(list(by_reply.values())))
             if len(by_reply) < 3 or median <= 0:
                 continue
@@ -905,22 +912,18 @@ class ClusteredStrategy(Strategy):
     def pull_client_states(self, grid: Grid) -> dict[int, bytes]:
         """Every reachable client's context.state, serialised; a client that does not answer
         is logged and resumes without its state."""
-        sent = {}
-        for cid, rec in sorted(self.clients.items()):
-            if rec.node_id is not None:
-                sent[rec.node_id] = cid
+        sent = {rec.node_id: cid for cid, rec in sorted(self.clients.items())
+                if rec.node_id is not None}
         messages = [Message(content=P.build_content(config={P.ROUND: self.round}), dst_node_id=n,
                             message_type=P.QUERY_STATE, group_id=f"state-{self.round}")
                     for n in sent]
         states = {}
         for msg in grid.send_and_receive(messages, timeout=self.round_timeout) if messages else []:
             cid = sent.get(msg.metadata.src_node_id)
-            try:
-                if cid is None or msg.has_error():
-                    raise RejectedReply(msg.error.reason if msg.has_error() else "unknown node")
-                claimed = check_metrics(dict(msg.content.metric_records[P.METRICS])).get(P.CLIENT_ID)
-                if claimed != cid:
-                    raise RejectedReply(f"reply claims client id {claimed!r}")
+            if cid is None:
+                continue
+            try:   # the generic check (error reply, metrics, client id); it carries no model
+                validate_reply(msg, cid, Task(), self._shapes)
                 states[cid] = P.encode_state(msg.content)
             except Exception as ex:   # a hostile or failed reply: that client only
                 log(WARNING, "round %d: client %s: its state is not in the checkpoint (%s)",
