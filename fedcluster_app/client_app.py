@@ -66,19 +66,28 @@ def _config(msg: Message) -> dict:
     return dict(msg.content.config_records[P.CONFIG]) if P.CONFIG in msg.content.config_records else {}
 
 
+def _reply(msg: Message, client: StreamClient, config: dict, result: tuple) -> Message:
+    metrics, models, model_metrics, *extras = result
+    step = int(config[P.STEP])
+    base = {P.CLIENT_ID: client.client_id, P.CONCEPT: client.concept(step), P.STEP: step}
+    return Message(P.reply_content({**base, **metrics}, models, model_metrics, *extras),
+                   reply_to=msg)
+
+
 def _wrap(handler: Handler) -> Callable[[Message, Context], Message]:
     def handle(msg: Message, context: Context) -> Message:
         client = make_client(context)
         config = _config(msg)
-        step = int(config[P.STEP])
-        metrics, models, model_metrics, *extras = handler(client, config,
-                                                          P.unpack_models(msg.content))
-        base = {P.CLIENT_ID: client.client_id, P.CONCEPT: client.concept(step), P.STEP: step}
-        content = P.reply_content({**base, **metrics}, models, model_metrics, *extras)
-        return Message(content, reply_to=msg)
+        int(config[P.STEP])     # a message without a step is refused before any work
+        return _reply(msg, client, config,
+                      handlers.call(handler, client, config, P.unpack_models(msg.content)))
 
     handle.__name__ = getattr(handler, "__name__", "handler")
     return handle
+
+
+# message kind -> handler, for the engines that batch messages of one kind across clients
+KINDS: dict[str, Handler] = {}
 
 
 def register(kind: str, handler: Handler) -> None:
@@ -90,6 +99,35 @@ def register(kind: str, handler: Handler) -> None:
         raise ValueError(f"message kind {kind!r} is not train[.name], evaluate[.name] or query.name")
     decorate = decorators[action](name) if name else decorators[action]()
     decorate(_wrap(handler))
+    KINDS[kind] = handler
+
+
+def handle_many(messages: list[tuple[Message, Context]]) -> list[Message | Exception]:
+    """Replies to the given (message, node context) pairs, as ``app`` would give them one by
+    one, except that the training jobs of all of them run as one batched program
+    (``core/batched.py``). Messages of a kind without a handler here go to ``app``. A message
+    whose handling raises gets its exception back in its place."""
+    out: list[Message | Exception | None] = [None] * len(messages)
+    calls, where = [], []
+    for i, (msg, context) in enumerate(messages):
+        handler = KINDS.get(msg.metadata.message_type)
+        try:
+            if handler is None:
+                out[i] = app(msg, context)
+                continue
+            client, config = make_client(context), _config(msg)
+            int(config[P.STEP])
+            calls.append((handler, client, config, P.unpack_models(msg.content)))
+            where.append(i)
+        except Exception as ex:  # noqa: BLE001 - one node's failure is its own error reply
+            out[i] = ex
+    for i, call, result in zip(where, calls, handlers.call_many(calls)):
+        try:
+            out[i] = result if isinstance(result, Exception) else _reply(
+                messages[i][0], call[1], call[2], result)
+        except Exception as ex:  # noqa: BLE001
+            out[i] = ex
+    return out  # type: ignore[return-value]
 
 
 for _kind, _handler in {**handlers.HANDLERS, **families.client_handlers()}.items():

@@ -16,6 +16,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedcluster_app.client_app import app as default_client_app
+from fedcluster_app.client_app import handle_many
 from fedcluster_app.core.config import ConfigValue, merge_overrides
 
 ClientAppFn = Callable[[Message, Context], Message]
@@ -24,8 +25,9 @@ ClientAppFn = Callable[[Message, Context], Message]
 class InProcessGrid(Grid):
     """Delivers each message synchronously to ``client_app`` with that node's Context.
 
-    ``fail_nodes`` lets tests make given nodes raise, to check that a failed client does not
-    stop the run. Exceptions become error replies, as in Flower's runtimes.
+    Exceptions become error replies, as in Flower's runtimes. With ``batch-clients`` (and the
+    package's own ClientApp) the messages of one push are answered together, their training
+    jobs run as one batched program (``client_app.handle_many``).
     """
 
     def __init__(
@@ -37,6 +39,7 @@ class InProcessGrid(Grid):
         node_config: Callable[[int], dict[str, ConfigValue]] | None = None,
     ) -> None:
         self._app = client_app
+        self._batch = client_app is default_client_app and bool(run_config.get("batch-clients", True))
         self._run_id = run_id
         rng = random.Random(run_id)
         # random node ids, like Flower's: nothing may rely on their order or value
@@ -71,19 +74,27 @@ class InProcessGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids = []
+        pairs = []
         for msg in messages:
-            mid = f"m{next(self._ids)}"
-            msg.metadata.__dict__["_message_id"] = mid
-            self.messages_sent += 1
-            ctx = self.contexts[msg.metadata.dst_node_id]
-            try:
-                reply = self._app(msg, ctx)
-            except Exception as ex:  # a failing client must not stop the run
-                reply = Message(Error(code=2, reason=f"{type(ex).__name__}: {ex}"), reply_to=msg)
-            self._replies[mid] = reply
-            ids.append(mid)
-        return ids
+            msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
+            pairs.append((msg, self.contexts[msg.metadata.dst_node_id]))
+        self.messages_sent += len(pairs)
+        if self._batch:
+            replies = handle_many(pairs)
+        else:
+            replies = [self._call(msg, ctx) for msg, ctx in pairs]
+        for (msg, _), reply in zip(pairs, replies):
+            if isinstance(reply, Exception):   # a failing client must not stop the run
+                reply = Message(Error(code=2, reason=f"{type(reply).__name__}: {reply}"),
+                                reply_to=msg)
+            self._replies[msg.metadata.message_id] = reply
+        return [msg.metadata.message_id for msg, _ in pairs]
+
+    def _call(self, msg: Message, ctx: Context) -> Message | Exception:
+        try:
+            return self._app(msg, ctx)
+        except Exception as ex:  # noqa: BLE001
+            return ex
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(m) for m in message_ids if m in self._replies]
@@ -100,12 +111,10 @@ def run_inprocess(
     grid_cls: type[InProcessGrid] = InProcessGrid,
 ) -> dict:
     """Run one experiment in this process; returns its summary (as in summary.json)."""
-    from fedcluster_app.core.experiment import load_experiment
-    from fedcluster_app.server_app import run_server
-
-    from fedcluster_app.core.models import resolve_device
-
     from fedcluster_app.api import run_config_defaults
+    from fedcluster_app.core.experiment import load_experiment
+    from fedcluster_app.core.models import resolve_device
+    from fedcluster_app.server_app import run_server
 
     run_config = merge_overrides(run_config_defaults(overrides), dict(overrides or {}))
     exp = load_experiment(run_config)

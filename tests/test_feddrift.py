@@ -20,7 +20,7 @@ from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.families.feddrift.feddrift import FedDrift
-from fedcluster_app.families.feddrift.kernels import numpy_train
+from fedcluster_app.core.kernels import numpy_train
 from fedcluster_app.families.feddrift.wire import ERROR_RATES
 
 # 4 clients, 5 training steps + the test step. Step 3: clients 0, 1 move to a NEW concept (B);
@@ -232,7 +232,7 @@ def test_stacked_numpy_training_equals_training_each_model_alone():
     """KUE/AUE/FedDrift clients train their models in one stacked call: each model must come
     out as if trained alone on its own data and batches (and groups of unequal shape split)."""
     from fedcluster_app.core.training import batch_indices
-    from fedcluster_app.families.feddrift.kernels import numpy_train_many
+    from fedcluster_app.core.kernels import numpy_train_many
 
     rng = np.random.default_rng(3)
     steps = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=20, batch_size=50)

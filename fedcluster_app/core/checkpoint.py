@@ -36,6 +36,7 @@ SAFE_ON_RESUME = frozenset({
     "checkpoint-client-state",                    # whether clients' state is saved with it
     "round-timeout", "node-wait-s", "min-nodes",  # how long to wait for clients
     "device", "data-dir",                         # the hardware, where the same data live here
+    "batch-clients",                              # clients trained batched or one by one
 })
 
 

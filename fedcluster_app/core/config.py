@@ -186,6 +186,7 @@ class RunConfig:
     hidden: int
     init: str
     device: str
+    batch_clients: bool
     protocol: str
     train: TrainConfig
     fraction_train: float

@@ -3,31 +3,100 @@ handlers have.
 
 A handler turns one message into calls on this node's :class:`StreamClient` and returns
 ``(metrics, models, per-model metrics)`` or the same plus named arrays (``{name: arrays}``,
-the reply's ``extra.<name>``). A family adds its own kinds in its ``client.py`` as a
+the reply's ``extra.<name>``). A handler that trains is a generator: it ``yield``s its
+:class:`~fedcluster_app.core.batched.FitJob` list, receives one ``FitResult`` per job, and
+``return``s its reply tuple; :func:`call` runs its jobs for this client alone and
+:func:`call_many` runs the jobs of many clients as one batched program. A family adds its own kinds in its ``client.py`` as a
 ``HANDLERS = {"train.<name>": fn, "query.<name>": fn, ...}`` table; the ClientApp registers
 the built-in table and every family's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.batched import run_jobs, run_jobs_batched
 from fedcluster_app.core.stream_client import StreamClient
 
 Models = dict[int, list[np.ndarray]]
 Handler = Callable[[StreamClient, dict[str, Any], Models], tuple]
 
 
+Call = tuple[Handler, StreamClient, dict[str, Any], Models]
+
+
+def call(handler: Handler, client: StreamClient, config: dict, models: Models) -> tuple:
+    """The handler's reply tuple, its training jobs run for this client alone."""
+    out = handler(client, config, models)
+    if not inspect.isgenerator(out):
+        return out
+    try:
+        jobs = next(out)
+        while True:
+            jobs = out.send(run_jobs(jobs))
+    except StopIteration as stop:
+        return stop.value
+
+
+def call_many(calls: Sequence[Call]) -> list[tuple | Exception]:
+    """The reply tuple (or the exception) of every call; the training jobs the calls yield at
+    the same point are run together, batched across clients. A call that raises fails alone."""
+    out: list[tuple | Exception | None] = [None] * len(calls)
+    waiting: dict[int, tuple[Any, list]] = {}     # call -> (its generator, the jobs it yielded)
+
+    def resume(i: int, gen, sent) -> None:
+        try:
+            waiting[i] = (gen, gen.send(sent))     # send(None) starts a generator
+        except StopIteration as stop:
+            out[i] = stop.value
+        except Exception as ex:  # noqa: BLE001 - one client's failure is its own error reply
+            out[i] = ex
+
+    for i, (handler, client, config, models) in enumerate(calls):
+        try:
+            result = handler(client, config, models)
+        except Exception as ex:  # noqa: BLE001
+            out[i] = ex
+            continue
+        if inspect.isgenerator(result):
+            resume(i, result, None)
+        else:
+            out[i] = result
+    while waiting:
+        round_ = [(i, *waiting.pop(i)) for i in list(waiting)]
+        try:
+            results = run_jobs_batched([job for _, _, jobs in round_ for job in jobs])
+        except Exception:  # noqa: BLE001 - a batch that fails runs call by call, to find whose
+            results = None
+        start = 0
+        for i, gen, jobs in round_:
+            if results is None:
+                try:
+                    mine = run_jobs(jobs)
+                except Exception as ex:  # noqa: BLE001
+                    gen.close()
+                    out[i] = ex
+                    continue
+            else:
+                mine = results[start:start + len(jobs)]
+                start += len(jobs)
+            resume(i, gen, mine)
+    return out  # type: ignore[return-value]
+
+
 def train(client: StreamClient, config: dict, models: Models):
     """Train every model sent (or ``train-ids``), or the personal model, or IFCA's best one."""
     if config.get(P.PERSONAL):
-        weights, n, m = client.fit(client.personal_weights(), {**config, "model-id": P.PERSONAL_MODEL_ID})
+        job = client.fit_job(client.personal_weights(), {**config, "model-id": P.PERSONAL_MODEL_ID})
+        (weights, loss), = yield [job]
+        client.count_trained()
         client.store_personal(weights)
-        return {P.NUM_EXAMPLES: n, **m}, {}, {}
+        return {P.NUM_EXAMPLES: len(job.y), P.TRAIN_LOSS: loss}, {}, {}
     metrics: dict[str, Any] = {}
     train_ids = [int(i) for i in config.get(P.TRAIN_IDS, list(models))]
     if config.get(P.SELECT) == "min-loss":
@@ -36,11 +105,13 @@ def train(client: StreamClient, config: dict, models: Models):
         chosen = ids[min(range(len(ids)), key=lambda j: (losses[j], j))]
         train_ids = [chosen]
         metrics.update({P.CHOSEN: chosen, P.LOSSES: losses, P.ACCURACIES: accs, P.MODEL_IDS: ids})
+    jobs = [client.fit_job(models[mid], {**config, "model-id": mid}) for mid in train_ids]
+    results = yield jobs
     trained, per_model = {}, {}
-    for mid in train_ids:
-        weights, n, m = client.fit(models[mid], {**config, "model-id": mid})
+    for mid, job, (weights, loss) in zip(train_ids, jobs, results):
+        client.count_trained()
         trained[mid] = weights
-        per_model[mid] = {P.NUM_EXAMPLES: n, **m}
+        per_model[mid] = {P.NUM_EXAMPLES: len(job.y), P.TRAIN_LOSS: loss}
     metrics[P.NUM_EXAMPLES] = max((v[P.NUM_EXAMPLES] for v in per_model.values()), default=0)
     return metrics, trained, per_model
 

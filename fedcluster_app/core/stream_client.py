@@ -17,22 +17,17 @@ from flwr.client import NumPyClient
 from torch import nn
 
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.batched import FitJob, run_jobs
 from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.experiment import Experiment
 from fedcluster_app.core.models import (
     build_model,
-    get_weights,
     initial_weights,
     resolve_device,
     scratch_model,
     set_weights,
 )
-from fedcluster_app.core.training import (
-    evaluate,
-    evaluate_mixture,
-    limit_threads,
-    local_train,
-)
+from fedcluster_app.core.training import evaluate, evaluate_mixture, limit_threads
 
 PERSONAL_KEY = "personal-model"
 COUNTERS_KEY = "client-counters"
@@ -108,12 +103,24 @@ class StreamClient(NumPyClient):
 
     # -- NumPyClient ----------------------------------------------------------------------
     def fit(self, parameters, config):
+        job = self.fit_job(parameters, config)
+        (weights, loss), = run_jobs([job])
+        self.count_trained()
+        return weights, len(job.y), {P.TRAIN_LOSS: loss}
+
+    def fit_job(self, parameters, config, **kw) -> FitJob:
+        """What ``fit`` trains, as a job a handler yields (``core/batched.py``): the model
+        ``model-id`` on its data, minibatches drawn from this client's stream for that model."""
         mid = int(config.get("model-id", 0))
         x, y = self.fit_data(config, mid)
-        model = self.scratch(parameters)
-        loss = local_train(model, x, y, self.train_config(config), self.rng(int(config[P.ROUND]), mid))
-        self._count("trained")
-        return get_weights(model), len(y), {P.TRAIN_LOSS: loss}
+        return self.job(parameters, x, y, config, mid, **kw)
+
+    def job(self, weights, x, y, config, stream_id: int, cfg: TrainConfig | None = None,
+            **kw) -> FitJob:
+        """A training job on (x, y) whose minibatches come from stream ``stream_id`` of this
+        client's round."""
+        return FitJob.drawing(self.exp.spec, weights, x, y, cfg or self.train_config(config),
+                              self.rng(int(config[P.ROUND]), stream_id), device=self.device, **kw)
 
     def evaluate(self, parameters, config):
         x, y = self.eval_data(config)
@@ -149,6 +156,9 @@ class StreamClient(NumPyClient):
 
     def store_personal(self, weights: list[np.ndarray]) -> None:
         self.state[PERSONAL_KEY] = P.pack_arrays(weights)
+
+    def count_trained(self) -> None:
+        self._count("trained")
 
     def _count(self, what: str) -> None:
         if COUNTERS_KEY not in self.state.metric_records:

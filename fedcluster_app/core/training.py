@@ -47,8 +47,9 @@ def _tensors(x: np.ndarray, y: np.ndarray, device: torch.device | None = None
     return as_tensor(x, device=device), as_tensor(y, np.int64, device)
 
 
-def _optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
+def make_optimizer(params: list[torch.Tensor], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The local optimizer over ``params`` (a model's trainable parameters, or the batched
+    engine's stacked ones: both optimizers act element by element)."""
     if cfg.optimizer == "adam":
         # amsgrad + L2 as in the FedDrift paper's setup; weight_decay defaults to 0
         return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay, amsgrad=True)
@@ -77,6 +78,7 @@ def local_train(
     rng: np.random.Generator,
     sample_weights: np.ndarray | None = None,
     prox_center: list[np.ndarray] | None = None,
+    batches: list[np.ndarray] | None = None,
 ) -> float:
     """Train ``model`` in place on (x, y); returns the mean training loss.
 
@@ -84,7 +86,8 @@ def local_train(
     the model the server sent (or to ``prox_center``, e.g. FedSoft's importance-weighted mix of
     the cluster centres: sum_k u_k/2 ||w - c_k||^2 has the gradient of 1/2 ||w - sum_k u_k c_k||^2
     when sum_k u_k = 1). ``sample_weights`` (one per sample) weight the per-sample losses,
-    still averaged over the batch size (soft clustering: FedEM, FedRC).
+    still averaged over the batch size (soft clustering: FedEM, FedRC). ``batches`` (minibatch
+    indices drawn beforehand from ``rng`` by ``batch_indices``) replaces the draw.
     """
     if len(y) == 0:
         raise ValueError("no training data")
@@ -92,13 +95,14 @@ def local_train(
     xt, yt = _tensors(x, y, dev)
     wt = None if sample_weights is None else as_tensor(sample_weights, device=dev)
     model.train()
-    opt = _optimizer(model, cfg)
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg)
     anchor = None
     if cfg.prox_mu > 0:
         anchor = ([p.detach().clone() for p in model.parameters()] if prox_center is None
                   else [as_tensor(a, device=dev) for a in prox_center])
     total = 0.0
-    batches = batch_indices(len(yt), cfg, rng)
+    if batches is None:
+        batches = batch_indices(len(yt), cfg, rng)
     for idx in batches:
         idx_t = torch.from_numpy(idx).to(dev)
         opt.zero_grad(set_to_none=True)

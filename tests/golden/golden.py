@@ -8,6 +8,10 @@ Each line of the golden file is one run: its name, its run config and every metr
 record and the summary, without wall-clock fields. ``compare`` re-runs each recorded config and
 reports, per run, every value of metrics.jsonl and summary.json that differs (a summary key the
 golden run lacks is reported as an addition, not a difference).
+
+The runs train one client after the other (``batch-clients = false``, as when they were
+recorded); ``--set batch-clients=true`` compares the batched engine, which agrees up to
+floating-point rounding (PyTorch families with Adam differ in the last digits).
 """
 
 from __future__ import annotations
@@ -84,13 +88,14 @@ def strip(obj):
     return obj
 
 
-def run_one(name: str, cfg: dict) -> dict:
+def run_one(name: str, cfg: dict, extra: dict | None = None) -> dict:
     from fedcluster_app.engine import run_inprocess
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         # recorded before scenarios declared their papers' protocols: the plain defaults
-        run_inprocess({"protocol": "none", **cfg, "out-dir": str(out)})
+        run_inprocess({"protocol": "none", "batch-clients": False, **cfg, **(extra or {}),
+                       "out-dir": str(out)})
         rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         summary = json.loads((out / "summary.json").read_text())
     return {"name": name, "config": cfg, "rounds": strip(rounds), "summary": strip(summary)}
@@ -122,7 +127,12 @@ def main(argv=None) -> int:
     ap.add_argument("mode", choices=["record", "compare"])
     ap.add_argument("--golden", "--out", default=str(DEFAULT))
     ap.add_argument("--only", nargs="*", help="run names (or prefixes) to do")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="run-config keys to set on every run (compare only)")
     args = ap.parse_args(argv)
+    from fedcluster_app.core.config import parse_assignment
+
+    extra = dict(parse_assignment(a) for a in args.set)
     wanted = runs()
     if args.only:
         wanted = [(n, c) for n, c in wanted if any(n.startswith(o) for o in args.only)]
@@ -144,7 +154,7 @@ def main(argv=None) -> int:
             print(f"{name}: NOT IN GOLDEN FILE")
             bad += 1
             continue
-        rec = run_one(name, golden[name]["config"])
+        rec = run_one(name, golden[name]["config"], extra)
         metrics = differences(strip(golden[name]["rounds"]), rec["rounds"], "metrics")
         summary = differences(strip(golden[name]["summary"]), rec["summary"], "summary")
         added = [d for d in summary if d.endswith("only in new")]

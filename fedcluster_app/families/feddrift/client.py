@@ -27,11 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from fedcluster_app.core import kernels
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.batched import FitJob
 from fedcluster_app.core.handlers import Models
 from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.core.training import batch_indices
-from fedcluster_app.families.feddrift import kernels
 from fedcluster_app.families.feddrift.wire import (
     BOOTSTRAP,
     CLUSTERS,
@@ -123,9 +124,8 @@ def train(client: StreamClient, config: dict, models: Models):
         chosen = ids[losses.index(best)]
         train_ids = [chosen]
         metrics.update({P.CHOSEN: chosen, P.LOSSES: losses, P.MODEL_IDS: ids})
-    trained, per_model = {}, {}
-    numpy_jobs: dict[int, kernels.TrainJob] = {}
     cfg = client.train_config(config)
+    jobs, per_model = [], {}
     for mid in train_ids:
         rng = client.rng(int(config[P.ROUND]), mid)    # one stream per model: order-free
         steps = config.get(f"{P.DATA_STEPS}.{mid}", config.get(P.DATA_STEPS))
@@ -141,22 +141,15 @@ def train(client: StreamClient, config: dict, models: Models):
             if len(idx) == 0:
                 idx = np.arange(len(y))
             x, y = x[idx], y[idx]
+        jobs.append(FitJob(client.exp.spec, models[mid], x, y,
+                           batches or batch_indices(len(y), cfg, rng), cfg, client.device,
+                           numpy_kernel=_use_numpy(client, config, models[mid])))
         per_model[mid] = {P.NUM_EXAMPLES: len(y)}
-        if _use_numpy(client, config, models[mid]):
-            numpy_jobs[mid] = (models[mid], x, y, batches or batch_indices(len(y), cfg, rng))
-            continue
-        from fedcluster_app.core.models import get_weights
-        from fedcluster_app.core.training import local_train
-
-        net = client.scratch(models[mid])
-        per_model[mid][P.TRAIN_LOSS] = local_train(net, x, y, cfg, rng)
-        trained[mid] = get_weights(net)
-    if numpy_jobs:     # the NumPy models of this client train together (one call per step)
-        results = kernels.numpy_train_many(list(numpy_jobs.values()), cfg)
-        for mid, (weights, loss) in zip(numpy_jobs, results):
-            trained[mid] = weights
-            per_model[mid][P.TRAIN_LOSS] = loss
-    trained = {mid: trained[mid] for mid in train_ids}
+    results = yield jobs      # this client's NumPy models train together (one call per step)
+    trained = {}
+    for mid, (weights, loss) in zip(train_ids, results):
+        trained[mid] = weights
+        per_model[mid][P.TRAIN_LOSS] = loss
     metrics[P.NUM_EXAMPLES] = max((v[P.NUM_EXAMPLES] for v in per_model.values()), default=0)
     return metrics, trained, per_model
 

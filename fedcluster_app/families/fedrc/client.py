@@ -33,9 +33,8 @@ import numpy as np
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.handlers import Models
 from fedcluster_app.core.handlers import evaluate as plain_evaluate
-from fedcluster_app.core.models import get_weights
 from fedcluster_app.core.stream_client import PERSONAL_KEY, StreamClient
-from fedcluster_app.core.training import local_train, sample_losses
+from fedcluster_app.core.training import sample_losses
 from fedcluster_app.families.fedrc.em import (
     estimate_omega,
     importance_weights,
@@ -95,16 +94,13 @@ def train(client: StreamClient, config: dict, models: Models):
     mass = label_cluster_mass(gamma, y, c)
     if p.mass_noise > 0:
         mass = mass + client.rng(int(config[P.ROUND]), -3).normal(0.0, p.mass_noise, mass.shape)
-    trained, per_model = {}, {}
-    for j, mid in enumerate(ids):
-        if new_omega[j] > 0:
-            net = client.scratch(models[mid])
-            local_train(net, x, y, client.train_config(config),
-                        client.rng(int(config[P.ROUND]), mid), sample_weights=gamma[:, j])
-            trained[mid] = get_weights(net)
-        else:                                    # nothing assigned: the model goes back as is
-            trained[mid] = models[mid]
-        per_model[mid] = {P.NUM_EXAMPLES: len(y)}
+    # a model nothing is assigned to goes back as it came
+    active = [mid for j, mid in enumerate(ids) if new_omega[j] > 0]
+    results = yield [client.job(models[mid], x, y, config, mid, sample_weights=gamma[:, ids.index(mid)])
+                     for mid in active]
+    trained = {mid: models[mid] for mid in ids}
+    trained.update({mid: r.weights for mid, r in zip(active, results)})
+    per_model = {mid: {P.NUM_EXAMPLES: len(y)} for mid in ids}
     metrics = {P.NUM_EXAMPLES: len(y), OMEGA_REPLY: new_omega.tolist(),
                MASS: mass.ravel().tolist(), P.LOSSES: losses.mean(axis=0).tolist(),
                P.MODEL_IDS: ids}
@@ -136,11 +132,9 @@ def fedsoft_train(client: StreamClient, config: dict, models: Models):
     center = [sum(float(w) * models[m][i] for w, m in zip(u, ids)) for i in range(len(models[ids[0]]))]
     start = (client.personal_weights() if PERSONAL_KEY in client.state.array_records
              else models[ids[int(np.argmax(u))]])
-    net = client.scratch(start)
     cfg = dataclasses.replace(client.train_config(config), prox_mu=p.lam)
-    loss = local_train(net, x, y, cfg, client.rng(int(config[P.ROUND]), P.PERSONAL_MODEL_ID),
-                       prox_center=center)
-    weights = get_weights(net)
+    (weights, loss), = yield [client.job(start, x, y, config, P.PERSONAL_MODEL_ID, cfg=cfg,
+                                         prox_center=center)]
     client.store_personal(weights)
     metrics = {P.NUM_EXAMPLES: len(y), IMPORTANCE: u.tolist(), P.MODEL_IDS: ids,
                P.TRAIN_LOSS: loss}

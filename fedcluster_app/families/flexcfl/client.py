@@ -11,14 +11,13 @@ trained on (the reference counts of the migration test, docs/flexcfl.md D8). The
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
-import torch
-from torch.nn import functional as F
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.models import get_weights
+from fedcluster_app.core.batched import FitJob
 from fedcluster_app.core.stream_client import StreamClient
-from fedcluster_app.core.training import _optimizer, as_tensor
 from fedcluster_app.families.flexcfl.wire import PRETRAIN_ITERS, QUERY_PRETRAIN
 
 PRETRAIN_MODEL_SALT = 7_777   # model-id offset of the pre-training minibatch stream
@@ -44,27 +43,16 @@ def pretrain(client: StreamClient, config: dict, models: dict[int, list[np.ndarr
     step = int(config[P.STEP])
     x, y = client.train_data(step)
     hist = np.bincount(y, minlength=client.exp.scenario.num_classes).astype(np.int64)
-    metrics = {P.NUM_EXAMPLES: int(len(y)), P.HISTOGRAM: hist.tolist()}
+    metrics = {P.NUM_EXAMPLES: len(y), P.HISTOGRAM: hist.tolist()}
     if len(y) == 0:
         return metrics, {}, {}
-    cfg = client.train_config(config)
+    cfg = dataclasses.replace(client.train_config(config), prox_mu=0.0)   # plain SGD steps
     iters = int(config[PRETRAIN_ITERS])
-    model = client.scratch(w0)
     rng = client.rng(int(config[P.ROUND]), PRETRAIN_MODEL_SALT + mid)
-    xt, yt = as_tensor(x, device=client.device), as_tensor(y, np.int64, client.device)
-    model.train()
-    opt = _optimizer(model, cfg)
-    total = 0.0
     batches = pretrain_batches(len(y), cfg.batch_size, iters, rng)
-    for idx in batches:
-        idx_t = torch.from_numpy(idx).to(client.device)
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(xt[idx_t]), yt[idx_t])
-        total += float(loss.detach())
-        loss.backward()
-        opt.step()
-    metrics[P.TRAIN_LOSS] = total / max(len(batches), 1)
-    return metrics, {mid: get_weights(model)}, {}
+    (weights, loss), = yield [FitJob(client.exp.spec, w0, x, y, batches, cfg, client.device)]
+    metrics[P.TRAIN_LOSS] = loss
+    return metrics, {mid: weights}, {}
 
 
 HANDLERS = {QUERY_PRETRAIN: pretrain}

@@ -70,6 +70,18 @@ def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], 
     return out
 
 
+def _last_axis(op: np.ufunc, a: np.ndarray) -> np.ndarray:
+    """``op.reduce(a, axis=-1, keepdims=True)`` for a few classes as a chain of element-wise
+    calls: the same values (NumPy reduces fewer than 8 elements one after the other), at a
+    fraction of the cost of a reduction over a short last axis."""
+    if a.shape[-1] >= 8:
+        return op.reduce(a, axis=-1, keepdims=True)
+    out = a[..., 0].copy()
+    for c in range(1, a.shape[-1]):
+        op(out, a[..., c], out=out)
+    return out[..., None]
+
+
 def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], float]]:
     M = len(jobs)
     shapes = [np.shape(w) for w in jobs[0][0]]
@@ -121,11 +133,13 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
         a1 = np.maximum(z1, 0.0)
         p = np.matmul(a1, w2.transpose(0, 2, 1))           # (M, bsz, classes)
         p += b2[:, None, :]
-        p -= p.max(axis=2, keepdims=True)
+        p -= _last_axis(np.maximum, p)
         np.exp(p, out=p)
-        p /= p.sum(axis=2, keepdims=True)
-        picked.append(p[mi, rows, yb])
-        p[mi, rows, yb] -= 1.0
+        p /= _last_axis(np.add, p)
+        at_label = ((mi * bsz + rows) * p.shape[2] + yb).ravel()   # p[m, i, y_mi] in p.flat
+        flat_p = p.reshape(-1)
+        picked.append(flat_p[at_label].reshape(M, bsz))
+        flat_p[at_label] -= 1.0
         p /= bsz
         g2[...] = np.matmul(p.transpose(0, 2, 1), a1)
         gb2[...] = p.sum(axis=1)

@@ -1,0 +1,275 @@
+"""Local training as jobs: one client's path, and many clients' jobs as one batched program.
+
+A handler that trains does not call the trainer itself: it ``yield``s its :class:`FitJob` list
+and receives one :class:`FitResult` per job (see ``core/handlers.py``). Run per client, the
+jobs go through exactly the code they always did (``training.local_train`` or the NumPy MLP
+kernel). Run batched (``batch-clients = true``, the in-process engine), the jobs of every
+client of a round are grouped by what must agree for them to share one program (model,
+training config, minibatch sizes) and each group trains at once:
+
+* NumPy-kernel jobs (the built-in one-hidden-layer MLP of the FedDrift family) stack into the
+  kernel of ``core/kernels.py``: one NumPy call per step for all clients' models;
+* PyTorch jobs stack their parameters over the jobs and run ``torch.func.functional_call``
+  under ``vmap``: one forward and backward pass and one optimizer step per minibatch for all.
+  The loss is the sum of the jobs' losses, so the gradient of each job's slice is that job's
+  own gradient, and Adam and SGD (momentum, weight decay) act element by element, so one
+  optimizer over the stacked tensors is the jobs' own optimizers side by side.
+
+Every job keeps the minibatches its client drew from its own random stream, so batched and
+per-client runs see the same data in the same order and agree up to floating-point rounding
+(``tests/test_batched.py`` checks each family). Models with buffers (batch norm) or frozen
+parameters train per client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from fedcluster_app.core import kernels
+from fedcluster_app.core.config import TrainConfig
+from fedcluster_app.core.models import (
+    ModelSpec,
+    build_model,
+    get_weights,
+    scratch_model,
+)
+from fedcluster_app.core.training import (
+    as_tensor,
+    batch_indices,
+    local_train,
+    make_optimizer,
+)
+
+
+@dataclasses.dataclass
+class FitJob:
+    """One model to train on one client's data, with the minibatches it will see."""
+
+    spec: ModelSpec
+    weights: list[np.ndarray]
+    x: np.ndarray
+    y: np.ndarray
+    batches: list[np.ndarray]
+    cfg: TrainConfig
+    device: str = "cpu"
+    numpy_kernel: bool = False          # the stacked NumPy MLP kernel instead of PyTorch
+    sample_weights: np.ndarray | None = None
+    prox_center: list[np.ndarray] | None = None
+
+    @classmethod
+    def drawing(cls, spec: ModelSpec, weights, x, y, cfg: TrainConfig, rng: np.random.Generator,
+                **kw) -> FitJob:
+        """A job whose minibatches are drawn now from ``rng``, as ``local_train`` draws them."""
+        if len(y) == 0:
+            raise ValueError("no training data")
+        return cls(spec, weights, x, y, batch_indices(len(y), cfg, rng), cfg, **kw)
+
+
+class FitResult(NamedTuple):
+    weights: list[np.ndarray]
+    loss: float                         # mean training loss over the minibatches
+
+
+# --------------------------------------------------------------------------- per client
+def run_jobs(jobs: Sequence[FitJob]) -> list[FitResult]:
+    """One client's jobs, the way they ran before batching existed: PyTorch jobs one by one
+    through ``local_train``, the NumPy-kernel jobs of the client stacked together."""
+    out: list[FitResult | None] = [None] * len(jobs)
+    numpy_idx = [i for i, job in enumerate(jobs) if job.numpy_kernel]
+    for i, job in enumerate(jobs):
+        if not job.numpy_kernel:
+            out[i] = _torch_one(job)
+    for key, members in _groups([jobs[i] for i in numpy_idx], kernel_only=True).items():
+        results = kernels.numpy_train_many([_kernel_job(jobs[numpy_idx[m]]) for m in members],
+                                           key[0])
+        for m, (weights, loss) in zip(members, results):
+            out[numpy_idx[m]] = FitResult(weights, loss)
+    return out  # type: ignore[return-value]
+
+
+def _torch_one(job: FitJob) -> FitResult:
+    model = scratch_model(job.spec, job.weights, job.device)
+    loss = local_train(model, job.x, job.y, job.cfg, None, sample_weights=job.sample_weights,
+                       prox_center=job.prox_center, batches=job.batches)
+    return FitResult(get_weights(model), loss)
+
+
+def _kernel_job(job: FitJob) -> kernels.TrainJob:
+    return (job.weights, job.x, job.y, job.batches)
+
+
+# --------------------------------------------------------------------------- batched
+def run_jobs_batched(jobs: Sequence[FitJob]) -> list[FitResult]:
+    """Many clients' jobs, each group of compatible jobs as one program (module docstring)."""
+    out: list[FitResult | None] = [None] * len(jobs)
+    for key, members in _groups(jobs).items():
+        group = [jobs[m] for m in members]
+        if group[0].numpy_kernel:
+            results = [FitResult(w, loss) for w, loss in
+                       kernels.numpy_train_many([_kernel_job(j) for j in group], key[0])]
+        elif _stackable(group[0].spec, group[0].device):
+            results = [None] * len(group)
+            for chunk in _chunks([len(j.batches) for j in group]):
+                done = (_torch_stacked([group[k] for k in chunk]) if chunk_pays(
+                    [len(group[k].batches) for k in chunk]) else [_torch_one(group[k]) for k in chunk])
+                for k, result in zip(chunk, done):
+                    results[k] = result
+        else:
+            results = [_torch_one(j) for j in group]
+        for m, result in zip(members, results):
+            out[m] = result
+    return out  # type: ignore[return-value]
+
+
+#: a batched step costs about this many single-client steps (measured on the MLPs and the CNN
+#: of the built-in scenarios: vmap's bookkeeping, plus the padding of shorter minibatches)
+BATCHED_STEP_COST = 3.0
+
+
+def _chunks(steps: list[int]) -> list[list[int]]:
+    """Jobs of similar length together (a stacked program runs as long as its longest job):
+    longest first, a chunk takes jobs down to half its first job's steps."""
+    order = sorted(range(len(steps)), key=lambda j: -steps[j])
+    chunks: list[list[int]] = []
+    for j in order:
+        if chunks and 2 * steps[j] >= steps[chunks[-1][0]]:
+            chunks[-1].append(j)
+        else:
+            chunks.append([j])
+    return chunks
+
+
+def chunk_pays(steps: list[int]) -> bool:
+    """Whether one stacked program beats the jobs one by one."""
+    return len(steps) > 1 and sum(steps) > BATCHED_STEP_COST * max(steps)
+
+
+def _groups(jobs: Sequence[FitJob], kernel_only: bool = False) -> dict[tuple, list[int]]:
+    """Jobs that can share one program: same training config, engine, model, device, minibatch
+    sizes, and the same use of sample weights and a proximal centre."""
+    groups: dict[tuple, list[int]] = {}
+    for i, job in enumerate(jobs):
+        key = (job.cfg,) if kernel_only else (
+            job.cfg, job.numpy_kernel, job.spec, job.device,
+            # the NumPy kernel stacks equal minibatch sizes; PyTorch pads and masks instead
+            tuple(len(b) for b in job.batches) if job.numpy_kernel else None,
+            job.sample_weights is None, job.prox_center is None)
+        groups.setdefault(key, []).append(i)
+    return groups
+
+
+_STACKABLE: dict[tuple[ModelSpec, str], bool] = {}
+
+
+def _stackable(spec: ModelSpec, device: str) -> bool:
+    """vmap needs a model without buffers (batch norm's running statistics are updated in
+    place) whose parameters all train."""
+    key = (spec, device)
+    if key not in _STACKABLE:
+        model = build_model(spec, 0)
+        _STACKABLE[key] = (not any(True for _ in model.buffers())
+                           and all(p.requires_grad for p in model.parameters()))
+    return _STACKABLE[key]
+
+
+_TEMPLATES: dict[tuple[ModelSpec, str], torch.nn.Module] = {}
+
+
+def _template(spec: ModelSpec, device: str) -> torch.nn.Module:
+    key = (spec, device)
+    if key not in _TEMPLATES:
+        _TEMPLATES[key] = build_model(spec, 0).to(device)
+    return _TEMPLATES[key]
+
+
+def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
+    if any(len(job.y) == 0 for job in jobs):
+        raise ValueError("no training data")    # as local_train; the caller retries per client
+    # longest first: at step s the jobs still training are a prefix, trained through views
+    order = sorted(range(len(jobs)), key=lambda j: -len(jobs[j].batches))
+    jobs = [jobs[j] for j in order]
+    first = jobs[0]
+    cfg, dev, J = first.cfg, first.device, len(jobs)
+    model = _template(first.spec, dev)
+    names = [name for name, _ in model.named_parameters()]
+    params = {name: torch.stack([as_tensor(job.weights[i], device=dev) for job in jobs])
+              .requires_grad_() for i, name in enumerate(names)}
+    # every client's data in one tensor; minibatch s of job j is rows offset[j] + batches[j][s]
+    X = as_tensor(np.concatenate([np.asarray(j.x, dtype=np.float32) for j in jobs]), device=dev)
+    Y = as_tensor(np.concatenate([j.y for j in jobs]), np.int64, dev)
+    offsets = np.cumsum([0] + [len(j.y) for j in jobs[:-1]])
+    W = None if first.sample_weights is None else as_tensor(
+        np.concatenate([j.sample_weights for j in jobs]), device=dev)
+    anchors = None
+    if cfg.prox_mu > 0:
+        anchors = ({n: p.detach().clone() for n, p in params.items()} if first.prox_center is None
+                   else {n: torch.stack([as_tensor(j.prox_center[i], device=dev) for j in jobs])
+                         for i, n in enumerate(names)})
+    opt = make_optimizer(list(params.values()), cfg)
+
+    def job_loss(p, xb, yb, wb, nb):
+        logits = torch.func.functional_call(model, p, (xb,))
+        if wb is None:
+            return F.cross_entropy(logits, yb)
+        # sample weights, and zeros on the padding of a shorter minibatch: its own mean
+        return (wb * F.cross_entropy(logits, yb, reduction="none")).sum() / nb
+
+    plain = torch.vmap(job_loss, in_dims=(0, 0, 0, None, None))
+    weighted = torch.vmap(job_loss, in_dims=(0, 0, 0, 0, 0))
+    model.train()
+    total = torch.zeros(J, dtype=torch.float64, device=dev)
+    steps = [len(j.batches) for j in jobs]
+    final: list[list[np.ndarray] | None] = [None] * J
+    for s in range(steps[0]):
+        a = sum(1 for n in steps if n > s)                 # jobs still training: 0..a-1
+        rows, mask = _minibatch_rows([j.batches[s] for j in jobs[:a]], offsets[:a])
+        rows_t = torch.from_numpy(rows).to(dev)
+        live = {n: p[:a] for n, p in params.items()}
+        opt.zero_grad(set_to_none=True)
+        if mask is None and W is None:
+            losses = plain(live, X[rows_t], Y[rows_t], None, None)
+        else:
+            wb = torch.from_numpy(mask if mask is not None else np.ones(rows.shape, np.float32))
+            wb = wb.to(dev) if W is None else wb.to(dev) * W[rows_t]
+            count = torch.from_numpy(np.array([len(j.batches[s]) for j in jobs[:a]],
+                                              dtype=np.float32)).to(dev)
+            losses = weighted(live, X[rows_t], Y[rows_t], wb, count)
+        total[:a] += losses.detach().double()
+        loss = losses.sum()
+        if anchors is not None:
+            loss = loss + 0.5 * cfg.prox_mu * sum(((live[n] - anchors[n][:a]) ** 2).sum()
+                                                  for n in names)
+        loss.backward()
+        opt.step()
+        for j in range(a):
+            if steps[j] == s + 1:                          # its last step: keep its weights
+                final[j] = [params[n][j].detach().cpu().numpy().copy() for n in names]
+    mean_loss = (total / torch.tensor(steps, dtype=torch.float64, device=dev)).cpu().numpy()
+    # get_weights order is the state dict's: the parameters, as there are no buffers
+    results = [FitResult(final[j], float(mean_loss[j])) for j in range(J)]  # type: ignore[arg-type]
+    out: list[FitResult | None] = [None] * J
+    for j, r in zip(order, results):
+        out[j] = r
+    return out  # type: ignore[return-value]
+
+
+def _minibatch_rows(batches: list[np.ndarray], offsets: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows of the stacked data for one step's minibatches (jobs x largest batch), and, when
+    they differ in size, the 0/1 mask of the real rows (a shorter one is padded with its first)."""
+    sizes = [len(b) for b in batches]
+    if min(sizes) == max(sizes):
+        return np.stack(batches).astype(np.int64) + offsets[:, None], None
+    rows = np.empty((len(batches), max(sizes)), dtype=np.int64)
+    mask = np.zeros(rows.shape, dtype=np.float32)
+    for k, (b, off) in enumerate(zip(batches, offsets)):
+        rows[k] = off + b[0]
+        rows[k, :len(b)] = off + b
+        mask[k, :len(b)] = 1.0
+    return rows, mask

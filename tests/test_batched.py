@@ -1,0 +1,194 @@
+"""Batched execution (``batch-clients``): a round's clients trained as one program give what
+training them one after the other gives, up to floating-point rounding, in every family."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch import nn
+
+from fedcluster_app.core import handlers
+from fedcluster_app.core.batched import FitJob, run_jobs, run_jobs_batched
+from fedcluster_app.core.config import TrainConfig
+from fedcluster_app.core.models import ModelSpec, initial_weights
+from fedcluster_app.core.strategy import read_checkpoint
+from fedcluster_app.engine import run_inprocess
+
+SGD = {"optimizer": "sgd", "lr": 0.05}
+
+# one strategy or more per family, each on its family's data, small; SGD, whose updates are
+# linear in the gradient, so rounding differences stay at rounding size over a run
+FAMILIES = {
+    "foundation": (["fedavg", "ifca", "local"], {"scenario": "mixture-swap", **SGD}),
+    "feddrift": (["feddrift", "kue", "window"], {
+        "scenario": "sea4", "num-steps": 4, "local-steps": 10, "samples-per-step": 200,
+        "feddrift.delta": 0.04}),
+    "fedrc": (["fedrc", "fedsoft"], {"scenario": "shifts-3", "rounds-per-step": 3,
+                                      "num-clusters": 3, **SGD}),
+    "fielding": (["fielding"], {"scenario": "labels-small-large", **SGD}),
+    # FlexCFL trains whole epochs over clients of very different sizes: ragged minibatches
+    "flexcfl": (["flexcfl"], {"scenario": "synthetic-1-1-swap", "num-steps": 4,
+                              "rounds-per-step": 1, "num-clusters": 3, "local-steps": 0,
+                              "local-epochs": 1, "flexcfl.pretrain-scale": 2, **SGD}),
+    # FedCCFA's own training (classifier and feature phases) runs per client either way
+    "fedccfa": (["fedccfa"], {"scenario": "digits-ccfa", "num-steps": 3,
+                              "fedccfa.ext-epochs": 1}),
+}
+
+
+def _run(fast_config, tmp_path: Path, name: str, strategy: str, cfg: dict, batch: bool):
+    out = tmp_path / f"{name}-{strategy}-{batch}"
+    summary = run_inprocess(fast_config(**{"strategy": strategy, "protocol": "none", **cfg,
+                                           "batch-clients": batch, "out-dir": str(out)}))
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return summary, rounds, read_checkpoint(out)[1]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_batched_runs_equal_the_per_client_runs(fast_config, tmp_path, family):
+    strategies, cfg = FAMILIES[family]
+    for strategy in strategies:
+        s0, r0, m0 = _run(fast_config, tmp_path, family, strategy, cfg, False)
+        s1, r1, m1 = _run(fast_config, tmp_path, family, strategy, cfg, True)
+        assert s0["status"] == s1["status"] == "completed"
+        assert sorted(m0) == sorted(m1)
+        gap = max((float(np.abs(a - b).max()) for mid in m0 for a, b in zip(m0[mid], m1[mid])),
+                  default=0.0)       # local keeps its models on the clients: accuracy below
+        # the NumPy kernel stacks the same arithmetic: bit for bit; PyTorch's batched matrix
+        # products round differently in the last bits
+        assert gap <= (0.0 if family == "feddrift" else 1e-4), (strategy, gap)
+        for a, b in zip(r0, r1):
+            assert a.get("num_clusters") == b.get("num_clusters"), strategy
+            if a.get("accuracy") is not None:
+                assert abs(a["accuracy"] - b["accuracy"]) <= 1e-6, (strategy, a["round"])
+
+
+# ------------------------------------------------------------------------ the jobs themselves
+SPEC = ModelSpec(kind="mlp", input_shape=(5,), num_classes=3, hidden=8)
+
+
+def _jobs(cfg: TrainConfig, sizes: list[int], spec: ModelSpec = SPEC, **kw) -> list[FitJob]:
+    jobs = []
+    for k, n in enumerate(sizes):
+        rng = np.random.default_rng([7, k])
+        x = rng.normal(size=(n, *spec.input_shape)).astype(np.float32)
+        y = rng.integers(0, spec.num_classes, n)
+        extra = {"sample_weights": rng.random(n)} if kw.get("weighted") else {}
+        jobs.append(FitJob.drawing(spec, initial_weights(spec, k), x, y, cfg, rng, **extra))
+    return jobs
+
+
+def _gap(a, b) -> float:
+    return max(float(np.abs(p - q).max()) for ra, rb in zip(a, b) for p, q in zip(ra[0], rb[0]))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("prox", [0.0, 0.1])
+def test_ragged_epochs_train_as_alone(weighted, prox):
+    # whole epochs over 23..161 samples: different step counts and a short last minibatch
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=1e-3, local_steps=0,
+                      local_epochs=2, batch_size=16, prox_mu=prox)
+    jobs = _jobs(cfg, [23, 40, 41, 64, 100, 161, 150, 30], weighted=weighted)
+    alone, batched = run_jobs(jobs), run_jobs_batched(jobs)
+    assert _gap(alone, batched) < 1e-5
+    assert np.allclose([r.loss for r in alone], [r.loss for r in batched], rtol=1e-5)
+
+
+def test_adam_agrees_within_its_rounding():
+    """Adam divides by sqrt(v) + 1e-8: a gradient near 1e-8 turns rounding into ~1e-4 steps."""
+    cfg = TrainConfig(optimizer="adam", lr=0.01, local_steps=20, batch_size=16)
+    jobs = _jobs(cfg, [60, 80, 100, 120])
+    assert _gap(run_jobs(jobs), run_jobs_batched(jobs)) < 2e-3
+
+
+def test_a_job_does_not_depend_on_its_batch_mates():
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, local_steps=10, batch_size=16)
+    jobs = _jobs(cfg, [50, 60, 70, 80, 90])
+    together = run_jobs_batched(jobs)
+    apart = run_jobs_batched(jobs[:2]) + run_jobs_batched(jobs[2:])
+    assert _gap(together, apart) < 1e-6
+
+
+class _Normed(nn.Module):
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(input_shape[0], 8), nn.BatchNorm1d(8), nn.ReLU(),
+                                 nn.Linear(8, num_classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def build_normed(input_shape, num_classes):
+    return _Normed(input_shape, num_classes)
+
+
+def test_a_model_with_buffers_trains_per_client_and_identically():
+    spec = ModelSpec(kind=f"{__name__}:build_normed", input_shape=(5,), num_classes=3)
+    cfg = TrainConfig(optimizer="adam", lr=0.01, local_steps=5, batch_size=16)
+    jobs = _jobs(cfg, [40, 50, 60], spec=spec)
+    assert _gap(run_jobs(jobs), run_jobs_batched(jobs)) == 0.0
+
+
+def test_one_failing_client_fails_alone():
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, local_steps=3, batch_size=8)
+    good = _jobs(cfg, [20, 30])
+
+    def trains(job):
+        def handler(client, config, models):
+            (weights, loss), = yield [job]
+            return {"loss": loss}, {0: weights}, {}
+        return handler
+
+    def raises_before(client, config, models):
+        raise RuntimeError("no data here")
+
+    def raises_after(client, config, models):
+        yield good[:1]
+        raise RuntimeError("bad reply")
+
+    def plain(client, config, models):
+        return {"n": 1}, {}, {}
+
+    calls = [(trains(good[0]), None, {}, {}), (raises_before, None, {}, {}),
+             (raises_after, None, {}, {}), (plain, None, {}, {}), (trains(good[1]), None, {}, {})]
+    out = handlers.call_many(calls)
+    assert isinstance(out[1], RuntimeError) and isinstance(out[2], RuntimeError)
+    assert out[3] == ({"n": 1}, {}, {})
+    for i, job in ((0, good[0]), (4, good[1])):
+        (alone,) = run_jobs([job])
+        assert np.allclose(out[i][1][0][0], alone.weights[0], atol=1e-6)
+
+
+def test_empty_data_fails_that_client_only():
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, local_steps=3, batch_size=8)
+    jobs = _jobs(cfg, [20, 30])
+    empty = FitJob(SPEC, jobs[0].weights, jobs[0].x[:0], jobs[0].y[:0], [np.arange(0)] * 3, cfg)
+
+    def trains(job):
+        def handler(client, config, models):
+            (weights, _), = yield [job]
+            return {}, {0: weights}, {}
+        return handler
+
+    out = handlers.call_many([(trains(j), None, {}, {}) for j in (jobs[0], empty, jobs[1])])
+    assert isinstance(out[1], ValueError) and "no training data" in str(out[1])
+    assert not isinstance(out[0], Exception) and not isinstance(out[2], Exception)
+
+
+def test_batching_is_switched_off_by_the_run_config(fast_config, tmp_path, monkeypatch):
+    from fedcluster_app import engine
+
+    real, calls = engine.handle_many, []
+    monkeypatch.setattr(engine, "handle_many", lambda pairs: calls.append(len(pairs)) or real(pairs))
+    for batch in (True, False):
+        calls.clear()
+        summary = run_inprocess(fast_config(strategy="fedavg", **{
+            "batch-clients": batch, "out-dir": str(tmp_path / str(batch))}))
+        assert summary["status"] == "completed"
+        assert bool(calls) == batch
+        if batch:
+            assert max(calls) == 10      # a round's ten clients answered together
