@@ -7,6 +7,7 @@ experiments; the same seed gives the same metrics as a ``flwr run`` simulation.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 from collections.abc import Callable, Iterable
@@ -17,6 +18,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedcluster_app.client_app import app as default_client_app
 from fedcluster_app.client_app import handle_many
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigValue, merge_overrides
 
 ClientAppFn = Callable[[Message, Context], Message]
@@ -122,4 +124,7 @@ def run_inprocess(
     if num_nodes is None:
         num_nodes = exp.scenario.num_clients
     grid = grid_cls(run_config, num_nodes, client_app=client_app)
-    return run_server(grid, run_config)
+    # server and clients share this process: arrays travel by reference, unless a wrapped
+    # ClientApp (faults.py) may rewrite a message's bytes
+    with P.by_reference() if client_app is default_client_app else contextlib.nullcontext():
+        return run_server(grid, run_config)

@@ -397,7 +397,7 @@ class ClusteredStrategy(Strategy):
                 config[P.PERSONAL] = True
             for m in task.models:
                 if m not in packed:
-                    packed[m] = P.pack_arrays(self.models[m])
+                    packed[m] = P.pack_message_arrays(self.models[m])
             content = P.build_content({m: packed[m] for m in task.models}, config)
             self._round_stats["bytes_down"] += P.nbytes(content)
             messages.append(Message(content=content, dst_node_id=node, message_type=wire_kind,

@@ -9,6 +9,8 @@ change between runs, so nothing long-lived is keyed on them) and per-model metri
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from io import BytesIO
 
 import numpy as np
@@ -119,6 +121,9 @@ def to_array(a: np.ndarray) -> Array:
 
 def to_numpy(array: Array) -> np.ndarray:
     """``Array.numpy()`` (a writable copy) without parsing the .npy header every time."""
+    held = _held(array)
+    if held is not None:
+        return held.copy()
     data = array.data
     if array.stype != "numpy.ndarray" or data[:6] != b"\x93NUMPY":
         return array.numpy()
@@ -145,10 +150,52 @@ def to_numpy(array: Array) -> np.ndarray:
     return flat.reshape(shape, order=order).copy(order="K")
 
 
+# In one process (the in-process engine) a message's arrays need not become .npy bytes and back:
+# under ``by_reference()`` the arrays of messages are held as private copies beside an empty
+# payload, and unpacking hands back a copy. What gets serialised (context.state, checkpoints)
+# always holds bytes, and the byte counts of the communication accounting stay the same.
+_BY_REFERENCE = False
+_HELD, _WIRE_BYTES = "_fedcluster_held", "_fedcluster_wire_bytes"
+
+
+@contextmanager
+def by_reference() -> Iterator[None]:
+    global _BY_REFERENCE
+    before, _BY_REFERENCE = _BY_REFERENCE, True
+    try:
+        yield
+    finally:
+        _BY_REFERENCE = before
+
+
+def _message_array(a: np.ndarray) -> Array:
+    a = np.asarray(a)
+    if not _BY_REFERENCE or a.dtype.kind not in "biuf":
+        return to_array(a)
+    held = np.array(a, order="C", copy=True)
+    array = Array(str(held.dtype), tuple(held.shape), "numpy.ndarray", b"")
+    array.__dict__[_HELD] = held
+    array.__dict__[_WIRE_BYTES] = len(_npy_header(held)) + held.nbytes
+    return array
+
+
+def _held(array: Array) -> np.ndarray | None:
+    return None if array.data else array.__dict__.get(_HELD)
+
+
 def pack_arrays(arrays: list[np.ndarray]) -> ArrayRecord:
+    """Arrays as a record of .npy bytes (for context.state and anything serialised)."""
     record = ArrayRecord()
     for i, a in enumerate(arrays):
         record[str(i)] = to_array(a)
+    return record
+
+
+def pack_message_arrays(arrays: list[np.ndarray]) -> ArrayRecord:
+    """Arrays for a message: by reference inside one process (``by_reference``), else bytes."""
+    record = ArrayRecord()
+    for i, a in enumerate(arrays):
+        record[str(i)] = _message_array(a)
     return record
 
 
@@ -157,7 +204,7 @@ def unpack_arrays(record: ArrayRecord) -> list[np.ndarray]:
 
 
 def pack_models(models: dict[int, list[np.ndarray]]) -> dict[str, ArrayRecord]:
-    return {f"{MODEL_PREFIX}{mid}": pack_arrays(arrays) for mid, arrays in models.items()}
+    return {f"{MODEL_PREFIX}{mid}": pack_message_arrays(arrays) for mid, arrays in models.items()}
 
 
 def unpack_models(content: RecordDict) -> dict[int, list[np.ndarray]]:
@@ -211,7 +258,7 @@ def reply_content(
 ) -> RecordDict:
     content = RecordDict(pack_models(models or {}))
     for name, arrays in (extras or {}).items():
-        content[f"{EXTRA_PREFIX}{name}"] = pack_arrays(arrays)
+        content[f"{EXTRA_PREFIX}{name}"] = pack_message_arrays(arrays)
     content[METRICS] = MetricRecord(metrics)
     for mid, values in (model_metrics or {}).items():
         content[model_metrics_key(mid)] = MetricRecord(values)
@@ -220,6 +267,5 @@ def reply_content(
 
 def nbytes(content: RecordDict) -> int:
     """Payload size of a message's arrays (what the communication accounting counts)."""
-    return sum(
-        len(array.data) for record in content.array_records.values() for array in record.values()
-    )
+    return sum(array.__dict__.get(_WIRE_BYTES, len(array.data))
+               for record in content.array_records.values() for array in record.values())

@@ -169,6 +169,10 @@ class StepData:
     concept: int  # ground-truth concept id (metrics and the Oracle only)
 
 
+def _nbytes(data: StepData) -> int:
+    return data.x_train.nbytes + data.y_train.nbytes + data.x_test.nbytes + data.y_test.nbytes
+
+
 # ---------------------------------------------------------------------------------- families
 
 
@@ -337,7 +341,11 @@ class Scenario:
     cluster, estimating its cluster weights), their ``x_test`` split the data it is scored on.
     """
 
-    STEP_CACHE_SIZE = 128
+    # The step-data cache holds every client's current and previous step (a round touches each
+    # client's window once, and FedDrift-style protocols test on the next step), so a round of
+    # N clients never regenerates data, within a memory budget that bounds it for large inputs.
+    STEP_CACHE_SIZE = 128               # entries at least, 2 per client above 64 clients
+    STEP_CACHE_BYTES = 1 << 30          # and never more than this many bytes of arrays
 
     def __init__(self, *, name: str, description: str, matrix: np.ndarray,
                  realisation_factory: Callable[[], object], num_classes: int,
@@ -372,6 +380,7 @@ class Scenario:
         self._realisation: object | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[int, int], StepData] = OrderedDict()
+        self._cache_bytes = 0
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -461,10 +470,14 @@ class Scenario:
                 return hit
         data = self._generate(client, step)
         with self._lock:
+            if key not in self._cache:
+                self._cache_bytes += _nbytes(data)
             self._cache[key] = data
             self._cache.move_to_end(key)
-            while len(self._cache) > self.STEP_CACHE_SIZE:
-                self._cache.popitem(last=False)
+            limit = max(self.STEP_CACHE_SIZE, 2 * self.num_clients)
+            while len(self._cache) > 1 and (len(self._cache) > limit
+                                            or self._cache_bytes > self.STEP_CACHE_BYTES):
+                self._cache_bytes -= _nbytes(self._cache.popitem(last=False)[1])
         return data
 
     def window(self, client: int, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,96 @@
+"""How long FedDrift's Table 2 grid takes, projected from measured runs, batched and not.
+
+Runs each of the 11 Table 2 methods once on one dataset at the paper's protocol (R = 100
+rounds per step, K = 50 local steps; configs of ``feddrift_reproduce.py``), twice: with
+``batch-clients = true`` (a round's clients train as one program) and ``false`` (one client
+after the other), alternating which goes first. Prints per method the CPU and wall time of
+both, their ratio and whether the accuracies agree, then projects the grid of 220 runs
+(4 datasets x 11 methods x 5 seeds) on 2 cores from the summed CPU time: one process per core,
+so grid hours = 4 x 5 x sum(CPU per method) / 2. The per-run results (JSON lines) go to
+``--out``. Targets: the grid in at most 15 minutes; batched at least 5x unbatched per run.
+
+    python benchmarks/feddrift_grid.py [--dataset circle2] [--rounds 100] [--local-steps 50]
+        [--seed 0] [--methods ...] [--out docs/performance_feddrift_grid.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from feddrift_reproduce import PAPER, TABLE2, run_config  # noqa: E402
+
+GRID_RUNS_PER_METHOD = 4 * 5        # datasets x seeds
+CORES = 2
+
+
+def measure(strategy: str, dataset: str, batch: bool, args) -> dict:
+    from fedcluster_app.engine import run_inprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        args.runs_dir = tmp
+        cfg = {**run_config(strategy, dataset, args.seed, args), "batch-clients": batch}
+        load = os.getloadavg()[0]
+        wall, cpu = time.perf_counter(), time.process_time()
+        summary = run_inprocess(cfg)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"strategy": strategy, "dataset": dataset, "seed": args.seed, "rounds": args.rounds,
+            "local_steps": args.local_steps, "batched": batch, "status": summary["status"],
+            "acc_omit": summary.get("acc_omit"), "acc_include": summary.get("acc_include"),
+            "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load_start": round(load, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="circle2")
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--local-steps", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data-seed", type=int, default=0)
+    ap.add_argument("--methods", nargs="+", default=TABLE2, help="paper row names")
+    ap.add_argument("--out", default="", help="append the per-run rows (JSON lines) here")
+    args = ap.parse_args()
+    from flwr.common.logger import FLOWER_LOGGER
+
+    FLOWER_LOGGER.setLevel(logging.ERROR)
+    os.environ.setdefault("FEDCLUSTER_TORCH_THREADS", "1")
+    rows = []
+    for i, method in enumerate(args.methods):
+        strategy = PAPER[method][0]
+        pair = {}
+        for batch in ((True, False) if i % 2 == 0 else (False, True)):
+            pair[batch] = measure(strategy, args.dataset, batch, args)
+            rows.append(pair[batch])
+            if args.out:
+                with open(args.out, "a") as fh:
+                    fh.write(json.dumps(pair[batch]) + "\n")
+        b, u = pair[True], pair[False]
+        same = b["acc_omit"] == u["acc_omit"]
+        print(f"{method:16s} batched {b['cpu_s']:7.1f} s CPU ({b['wall_s']:6.1f} wall)  "
+              f"one by one {u['cpu_s']:7.1f} s CPU ({u['wall_s']:6.1f} wall)  "
+              f"{u['cpu_s'] / b['cpu_s']:5.2f}x  acc {b['acc_omit']:.4f} vs {u['acc_omit']:.4f}"
+              f"{'' if same else ' (differ)'}  load {b['load_start']:.1f}", flush=True)
+    for batch, name in ((True, "batched"), (False, "one by one")):
+        cpu = sum(r["cpu_s"] for r in rows if r["batched"] is batch)
+        grid_min = GRID_RUNS_PER_METHOD * cpu / CORES / 60
+        print(f"{name:10s}: {cpu:7.1f} s CPU for the {len(args.methods)} methods; the grid of "
+              f"{GRID_RUNS_PER_METHOD * len(args.methods)} runs on {CORES} cores: "
+              f"{grid_min:6.1f} min (target <= 15)")
+    ratio = (sum(r["cpu_s"] for r in rows if not r["batched"])
+             / sum(r["cpu_s"] for r in rows if r["batched"]))
+    print(f"batched vs one by one over the methods: {ratio:.2f}x (target >= 5x); load average "
+          f"now {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
