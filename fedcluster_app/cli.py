@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--federation",
                      help="profile from pyproject-flwr.toml: a simulation one for --engine ray "
                           "(default cpu), a deployment one for --engine deployment (default local)")
+    run.add_argument("--ray-address", metavar="HOST:PORT",
+                     help="with --engine ray: run on this running Ray cluster (its head's "
+                          "address, or auto), overriding the profile's ray-address")
     run.add_argument("--deployment", type=Path, metavar="DIR",
                      help="with --engine deployment: submit to the local deployment in DIR "
                           "(started by `fedcluster deploy up --dir DIR`)")
@@ -165,6 +168,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedcluster_app.core.strategy import resolve_out_dir
     from fedcluster_app.server_app import prepare
 
+    if args.ray_address and args.engine != "ray":
+        raise ValueError("--ray-address needs --engine ray")
     overrides = _overrides(args)
     run_config = merge_overrides(run_config_defaults(overrides), overrides)
     # bad config fails here, before anything starts (a deployment's data live on its devices)
@@ -191,7 +196,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         if args.engine == "ray":
             summary = run_with_flwr(run_config, exp.scenario.num_clients,
-                                    federation=args.federation or "cpu")
+                                    federation=args.federation or "cpu",
+                                    ray_address=args.ray_address)
         elif args.deployment:
             from fedcluster_app.deploy import LocalDeployment
 

@@ -6,7 +6,8 @@ installation off, private FLWR_HOME and port) and stops its whole process group 
 a deployment it submits to the connection of a profile in ``pyproject-flwr.toml``. Either way it
 streams the run's log and returns the summary.json the run wrote in its ``out-dir`` (its
 ``status``: completed or degraded); it raises RunFailed when that says failed, or when the run
-wrote none and the SuperLink does not report it completed.
+wrote none and the SuperLink does not report it completed. A simulation profile's
+``ray-address`` runs the simulation on an existing Ray cluster instead of a private Ray.
 """
 
 from __future__ import annotations
@@ -166,13 +167,45 @@ def _bin(name: str) -> str:
     return str(local) if local.exists() else name
 
 
+def simulation_env(home: Path, ray_address: str | None = None) -> dict[str, str]:
+    """``flwr_env`` for a simulation SuperLink, whose Ray is private or an existing cluster.
+
+    Flower 1.41 calls ``ray.init()`` in its simulation process without an address (its
+    federation config has no such key), and ``ray.init()`` then takes ``RAY_ADDRESS`` from the
+    environment, which the SuperLink's SuperExec and simulation processes inherit: set, the
+    run's actors go to that cluster; unset, Ray starts a private instance on this machine."""
+    env = flwr_env(home)
+    env.pop("RAY_ADDRESS", None)   # only the profile or --ray-address attach a run
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+        # "auto" looks for the cluster `ray start` recorded in the user's Ray temp dir
+        if "RAY_TMPDIR" in os.environ:
+            env["RAY_TMPDIR"] = os.environ["RAY_TMPDIR"]
+        else:
+            env.pop("RAY_TMPDIR")
+    return env
+
+
+def check_ray_address(address: str, timeout: float = 5.0) -> None:
+    """Refuse (ValueError) a ``host:port`` nothing listens on, before a SuperLink starts: the
+    simulation would fail only after Flower's start-up. ``auto`` is resolved by Ray itself."""
+    host, sep, port = address.split("://")[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as ex:
+        raise ValueError(f"no Ray cluster answers at {address} ({ex.strerror or ex}); start "
+                         f"one with `ray start --head`") from None
+
+
 class LocalSimulationSuperLink:
     """A private simulation SuperLink; a context manager that always stops it."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, ray_address: str | None = None) -> None:
         self.home = home
         self.port = free_port()
-        self.env = flwr_env(home)
+        self.env = simulation_env(home, ray_address)
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "LocalSimulationSuperLink":
@@ -287,19 +320,24 @@ def run_with_flwr(
     num_supernodes: int,
     federation: str = "cpu",
     workdir: Path | None = None,
+    ray_address: str | None = None,
 ) -> dict:
     """Run in a Ray simulation via ``flwr run``; returns the run's summary (RunFailed when it
-    failed)."""
+    failed). ``ray_address`` (else the profile's ``ray-address``) attaches it to a running
+    Ray cluster instead of a Ray started for this run."""
     kind, settings = profile(federation)
     if kind != "simulation":
         raise ValueError(f"federation {federation!r} is a deployment; use --engine deployment")
+    ray_address = str(ray_address or settings.get("ray-address") or "") or None
+    if ray_address:
+        check_ray_address(ray_address)
     n = int(settings.get("num-supernodes", 0)) or num_supernodes
     fed_config = (f"num-supernodes={n} "
                   f"client-resources-num-cpus={int(settings.get('client-resources-num-cpus', 1))} "
                   f"client-resources-num-gpus={float(settings.get('client-resources-num-gpus', 0.0))}")
     # Ray's socket paths must stay short, so the private home lives in /tmp
     home = Path(tempfile.mkdtemp(prefix="fc-", dir=workdir))
-    with LocalSimulationSuperLink(home) as link:
+    with LocalSimulationSuperLink(home, ray_address) as link:
         summary = submit_and_wait(run_config, link.env, home, federation_config=fed_config)
     shutil.rmtree(home, ignore_errors=True)
     return summary
