@@ -64,6 +64,8 @@ def main() -> None:
 
     FLOWER_LOGGER.setLevel(logging.ERROR)
     os.environ.setdefault("FEDCLUSTER_TORCH_THREADS", "1")
+    warm = argparse.Namespace(**{**vars(args), "rounds": 1})
+    measure("feddrift", args.dataset, True, warm)     # imports and data caches, not timed
     rows = []
     for i, method in enumerate(args.methods):
         strategy = PAPER[method][0]

@@ -192,3 +192,18 @@ def test_batching_is_switched_off_by_the_run_config(fast_config, tmp_path, monke
         assert bool(calls) == batch
         if batch:
             assert max(calls) == 10      # a round's ten clients answered together
+
+
+def test_a_memory_budget_splits_the_batch_without_changing_results(monkeypatch):
+    import fedcluster_app.core.batched as batched
+
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, local_steps=10, batch_size=16)
+    jobs = _jobs(cfg, [50, 60, 70, 80, 90])
+    calls = []
+    real = batched._torch_stacked
+    monkeypatch.setattr(batched, "_torch_stacked", lambda js: calls.append(len(js)) or real(js))
+    whole = run_jobs_batched(jobs)
+    monkeypatch.setattr(batched, "BATCH_BYTES", (50 + 60 + 70 + 80) * 5 * 4)   # 4 jobs' inputs
+    split = run_jobs_batched(jobs)
+    assert calls == [5, 4]          # the fifth job trains alone
+    assert _gap(whole, split) < 1e-6

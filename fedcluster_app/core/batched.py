@@ -115,7 +115,8 @@ def run_jobs_batched(jobs: Sequence[FitJob]) -> list[FitResult]:
                        kernels.numpy_train_many([_kernel_job(j) for j in group], key[0])]
         elif _stackable(group[0].spec, group[0].device):
             results = [None] * len(group)
-            for chunk in _chunks([len(j.batches) for j in group]):
+            for chunk in _chunks([len(j.batches) for j in group],
+                                 [np.asarray(j.x).size * 4 for j in group]):
                 done = (_torch_stacked([group[k] for k in chunk]) if chunk_pays(
                     [len(group[k].batches) for k in chunk]) else [_torch_one(group[k]) for k in chunk])
                 for k, result in zip(chunk, done):
@@ -132,16 +133,24 @@ def run_jobs_batched(jobs: Sequence[FitJob]) -> list[FitResult]:
 BATCHED_STEP_COST = 3.0
 
 
-def _chunks(steps: list[int]) -> list[list[int]]:
+#: the data one stacked program copies together (its float32 copy of every job's inputs)
+BATCH_BYTES = 256 << 20
+
+
+def _chunks(steps: list[int], nbytes: list[int]) -> list[list[int]]:
     """Jobs of similar length together (a stacked program runs as long as its longest job):
-    longest first, a chunk takes jobs down to half its first job's steps."""
+    longest first, a chunk takes jobs down to half its first job's steps, and data up to
+    ``BATCH_BYTES`` (10,000 clients of images would not fit in memory at once)."""
     order = sorted(range(len(steps)), key=lambda j: -steps[j])
     chunks: list[list[int]] = []
+    size = 0
     for j in order:
-        if chunks and 2 * steps[j] >= steps[chunks[-1][0]]:
+        if chunks and 2 * steps[j] >= steps[chunks[-1][0]] and size + nbytes[j] <= BATCH_BYTES:
             chunks[-1].append(j)
+            size += nbytes[j]
         else:
             chunks.append([j])
+            size = nbytes[j]
     return chunks
 
 
