@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -340,3 +341,48 @@ def test_lock_step_search_matches_a_plain_reference(keep):
         one = core.kmeans(pts, k, 4, np.random.default_rng(k), batched=True, keep=keep)
         assert np.array_equal(one.labels, _plain_kmeans(x, k, 4, np.random.default_rng(k),
                                                         keep=keep))
+
+
+# ------------------------------------------------------------ the speed-ups change no result
+def test_choice_draws_what_numpy_choice_draws():
+    for s in range(300):
+        rng = np.random.default_rng(s)
+        w = rng.random(int(rng.integers(2, 3000))) ** 2
+        if s % 3 == 0:
+            w[rng.random(len(w)) < 0.5] = 0.0
+        w[rng.integers(len(w))] += 1.0
+        a, b = np.random.default_rng(s + 1000), np.random.default_rng(s + 1000)
+        for _ in range(4):
+            assert core._choice(a, w / w.sum()) == int(b.choice(len(w), p=w / w.sum()))
+        assert a.random() == b.random()                       # the same draws consumed
+
+
+@pytest.mark.parametrize("kind", ["buckets", "three points"])
+def test_seeding_in_lock_step_matches_one_restart_after_the_other(kind):
+    # three distinct points and K = 5: the weights run out (all zero), the fallback path
+    x = (_buckets(np.random.default_rng(8), 300, d=30) if kind == "buckets"
+         else np.repeat(np.eye(4)[:3], 40, axis=0))
+    pts = core.Points(x, "l1")
+    for k in (2, 5):
+        one, together = np.empty((k, 4, len(x))), np.empty((k, 4, len(x)))
+        a, b = np.random.default_rng(3), np.random.default_rng(3)
+        seeds = np.stack([core.kmeans_pp(pts, k, a, one[:, j]) for j in range(4)])
+        assert np.array_equal(core._kmeans_pp_restarts(pts, k, 4, b, together), seeds)
+        assert np.array_equal(together, one) and a.random() == b.random()
+
+
+def test_default_engine_gives_the_results_it_gave_before_its_speed_ups():
+    """The default engine where it runs in lock step (1,500 clients, K = 2..10, 10 restarts,
+    n-keep 2): partitions and centers as recorded with the engine of commit 06d4a89 (before the
+    speed-ups of issue 16, part 3), bit for bit. Label vectors of a few labels each, so that
+    many clients share no label with several seeds (exact ties): a change in which distances
+    are recomputed, or in how they round, would move some of them. (The silhouettes go through
+    a BLAS product whose last bits depend on its thread count: compared to 1e-12.)"""
+    x = _buckets(np.random.default_rng(16), 1500, d=60, per=(2, 7))
+    for seed, expect, sil in ((0, "cc1fc7e04a472165", 0.05289117120346801),
+                              (1, "aee1f8c1c9be268f", 0.05180771212156532)):
+        res = core.cluster(x, "l1", 2, 10, 10, seed=seed, keep=2)
+        got = hashlib.sha256(res.labels.astype(np.int64).tobytes()
+                             + res.centers.tobytes()).hexdigest()[:16]
+        assert (res.k, got) == (10, expect)
+        assert res.silhouette == pytest.approx(sil, abs=1e-12)
