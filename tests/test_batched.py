@@ -3,6 +3,8 @@ training them one after the other gives, up to floating-point rounding, in every
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -207,3 +209,14 @@ def test_a_memory_budget_splits_the_batch_without_changing_results(monkeypatch):
     split = run_jobs_batched(jobs)
     assert calls == [5, 4]          # the fifth job trains alone
     assert _gap(whole, split) < 1e-6
+
+
+def test_the_numpy_kernel_splits_by_memory_bit_for_bit(monkeypatch):
+    import fedcluster_app.core.batched as batched
+
+    cfg = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=10, batch_size=16)
+    jobs = [dataclasses.replace(j, numpy_kernel=True) for j in _jobs(cfg, [50, 60, 70, 80, 90])]
+    whole = run_jobs_batched(jobs)
+    monkeypatch.setattr(batched, "BATCH_BYTES", 2 * 8 * 10 * 16 * 5)    # two jobs' minibatches
+    assert _gap(whole, run_jobs_batched(jobs)) == 0.0
+    assert _gap(whole, run_jobs(jobs)) == 0.0

@@ -110,15 +110,19 @@ def run_jobs_batched(jobs: Sequence[FitJob]) -> list[FitResult]:
     out: list[FitResult | None] = [None] * len(jobs)
     for key, members in _groups(jobs).items():
         group = [jobs[m] for m in members]
-        if group[0].numpy_kernel:
-            results = [FitResult(w, loss) for w, loss in
-                       kernels.numpy_train_many([_kernel_job(j) for j in group], key[0])]
+        steps = [len(j.batches) for j in group]
+        results: list = [None] * len(group)
+        if group[0].numpy_kernel:      # it gathers every minibatch up front, in float64
+            nbytes = [8 * sum(map(len, j.batches)) * np.asarray(j.x[:1]).size for j in group]
+            for chunk in _chunks(steps, nbytes):
+                done = kernels.numpy_train_many([_kernel_job(group[k]) for k in chunk], key[0])
+                for k, (weights, loss) in zip(chunk, done):
+                    results[k] = FitResult(weights, loss)
         elif _stackable(group[0].spec, group[0].device):
-            results = [None] * len(group)
-            for chunk in _chunks([len(j.batches) for j in group],
-                                 [np.asarray(j.x).size * 4 for j in group]):
-                done = (_torch_stacked([group[k] for k in chunk]) if chunk_pays(
-                    [len(group[k].batches) for k in chunk]) else [_torch_one(group[k]) for k in chunk])
+            for chunk in _chunks(steps, [np.asarray(j.x).size * 4 for j in group]):
+                done = (_torch_stacked([group[k] for k in chunk])
+                        if chunk_pays([steps[k] for k in chunk])
+                        else [_torch_one(group[k]) for k in chunk])
                 for k, result in zip(chunk, done):
                     results[k] = result
         else:
@@ -128,12 +132,14 @@ def run_jobs_batched(jobs: Sequence[FitJob]) -> list[FitResult]:
     return out  # type: ignore[return-value]
 
 
-#: a batched step costs about this many single-client steps (measured on the MLPs and the CNN
-#: of the built-in scenarios: vmap's bookkeeping, plus the padding of shorter minibatches)
+#: a stacked step costs about this many single-client steps: measured on FlexCFL's MLPs,
+#: 1.8 ms per stacked step of ~100 clients against 0.5 ms per step of one (vmap's bookkeeping,
+#: the gathers, the padding of shorter minibatches)
 BATCHED_STEP_COST = 3.0
 
 
-#: the data one stacked program copies together (its float32 copy of every job's inputs)
+#: the data one stacked program copies together (PyTorch: every job's inputs in float32;
+#: the NumPy kernel: every job's minibatches in float64)
 BATCH_BYTES = 256 << 20
 
 
