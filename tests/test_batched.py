@@ -4,7 +4,6 @@ training them one after the other gives, up to floating-point rounding, in every
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 
@@ -197,7 +196,7 @@ def test_batching_is_switched_off_by_the_run_config(fast_config, tmp_path, monke
 
 
 def test_a_memory_budget_splits_the_batch_without_changing_results(monkeypatch):
-    import fedcluster_app.core.batched as batched
+    from fedcluster_app.core import batched
 
     cfg = TrainConfig(optimizer="sgd", lr=0.1, local_steps=10, batch_size=16)
     jobs = _jobs(cfg, [50, 60, 70, 80, 90])
@@ -212,7 +211,7 @@ def test_a_memory_budget_splits_the_batch_without_changing_results(monkeypatch):
 
 
 def test_the_numpy_kernel_splits_by_memory_bit_for_bit(monkeypatch):
-    import fedcluster_app.core.batched as batched
+    from fedcluster_app.core import batched
 
     cfg = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=10, batch_size=16)
     jobs = [dataclasses.replace(j, numpy_kernel=True) for j in _jobs(cfg, [50, 60, 70, 80, 90])]
