@@ -74,13 +74,18 @@ def _reply(msg: Message, client: StreamClient, config: dict, result: tuple) -> M
                    reply_to=msg)
 
 
+def _request(msg: Message, context: Context) -> tuple[StreamClient, dict, handlers.Models]:
+    """This node's client, the message's config and its models; a message without a step is
+    refused before any work."""
+    client, config = make_client(context), _config(msg)
+    int(config[P.STEP])
+    return client, config, P.unpack_models(msg.content)
+
+
 def _wrap(handler: Handler) -> Callable[[Message, Context], Message]:
     def handle(msg: Message, context: Context) -> Message:
-        client = make_client(context)
-        config = _config(msg)
-        int(config[P.STEP])     # a message without a step is refused before any work
-        return _reply(msg, client, config,
-                      handlers.call(handler, client, config, P.unpack_models(msg.content)))
+        client, config, models = _request(msg, context)
+        return _reply(msg, client, config, handlers.call(handler, client, config, models))
 
     handle.__name__ = getattr(handler, "__name__", "handler")
     return handle
@@ -115,9 +120,7 @@ def handle_many(messages: list[tuple[Message, Context]]) -> list[Message | Excep
             if handler is None:
                 out[i] = app(msg, context)
                 continue
-            client, config = make_client(context), _config(msg)
-            int(config[P.STEP])
-            calls.append((handler, client, config, P.unpack_models(msg.content)))
+            calls.append((handler, *_request(msg, context)))
             where.append(i)
         except Exception as ex:  # noqa: BLE001 - one node's failure is its own error reply
             out[i] = ex

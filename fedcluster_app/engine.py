@@ -41,7 +41,9 @@ class InProcessGrid(Grid):
         node_config: Callable[[int], dict[str, ConfigValue]] | None = None,
     ) -> None:
         self._app = client_app
-        self._batch = client_app is default_client_app and bool(run_config.get("batch-clients", True))
+        # the package's own ClientApp: no wrapper (faults.py) sits between its messages and it
+        self.own_app = client_app is default_client_app
+        self._batch = self.own_app and bool(run_config.get("batch-clients", True))
         self._run_id = run_id
         rng = random.Random(run_id)
         # random node ids, like Flower's: nothing may rely on their order or value
@@ -126,5 +128,5 @@ def run_inprocess(
     grid = grid_cls(run_config, num_nodes, client_app=client_app)
     # server and clients share this process: arrays travel by reference, unless a wrapped
     # ClientApp (faults.py) may rewrite a message's bytes
-    with P.by_reference() if client_app is default_client_app else contextlib.nullcontext():
+    with P.by_reference() if grid.own_app else contextlib.nullcontext():
         return run_server(grid, run_config)

@@ -35,7 +35,7 @@ from fedcluster_app.core import kernels
 from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.models import (
     ModelSpec,
-    build_model,
+    cached_model,
     get_weights,
     scratch_model,
 )
@@ -179,28 +179,12 @@ def _groups(jobs: Sequence[FitJob], kernel_only: bool = False) -> dict[tuple, li
     return groups
 
 
-_STACKABLE: dict[tuple[ModelSpec, str], bool] = {}
-
-
 def _stackable(spec: ModelSpec, device: str) -> bool:
     """vmap needs a model without buffers (batch norm's running statistics are updated in
     place) whose parameters all train."""
-    key = (spec, device)
-    if key not in _STACKABLE:
-        model = build_model(spec, 0)
-        _STACKABLE[key] = (not any(True for _ in model.buffers())
-                           and all(p.requires_grad for p in model.parameters()))
-    return _STACKABLE[key]
-
-
-_TEMPLATES: dict[tuple[ModelSpec, str], torch.nn.Module] = {}
-
-
-def _template(spec: ModelSpec, device: str) -> torch.nn.Module:
-    key = (spec, device)
-    if key not in _TEMPLATES:
-        _TEMPLATES[key] = build_model(spec, 0).to(device)
-    return _TEMPLATES[key]
+    model = cached_model(spec, device)
+    return not any(True for _ in model.buffers()) and all(
+        p.requires_grad for p in model.parameters())
 
 
 def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
@@ -211,7 +195,7 @@ def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
     jobs = [jobs[j] for j in order]
     first = jobs[0]
     cfg, dev, J = first.cfg, first.device, len(jobs)
-    model = _template(first.spec, dev)
+    model = cached_model(first.spec, dev)     # its structure; functional_call swaps the weights
     names = [name for name, _ in model.named_parameters()]
     params = {name: torch.stack([as_tensor(job.weights[i], device=dev) for job in jobs])
               .requires_grad_() for i, name in enumerate(names)}

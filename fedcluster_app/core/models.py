@@ -202,7 +202,9 @@ def _state(spec: ModelSpec) -> dict[str, torch.Tensor]:
 
 
 @lru_cache(maxsize=8)
-def _scratch_model(spec: ModelSpec, device: str) -> nn.Module:
+def cached_model(spec: ModelSpec, device: str) -> nn.Module:
+    """One module of this spec per device, built once: for its structure (its weights are
+    whatever was loaded into it last)."""
     return build_model(spec, 0).to(device)
 
 
@@ -212,7 +214,7 @@ def scratch_model(spec: ModelSpec, weights: list[np.ndarray], device: str = "cpu
 
     Callers must not keep it across calls: the next call overwrites its weights.
     """
-    model = _scratch_model(spec, str(device))
+    model = cached_model(spec, str(device))
     set_weights(model, weights)
     return model
 

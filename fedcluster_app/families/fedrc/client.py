@@ -95,11 +95,11 @@ def train(client: StreamClient, config: dict, models: Models):
     if p.mass_noise > 0:
         mass = mass + client.rng(int(config[P.ROUND]), -3).normal(0.0, p.mass_noise, mass.shape)
     # a model nothing is assigned to goes back as it came
-    active = [mid for j, mid in enumerate(ids) if new_omega[j] > 0]
-    results = yield [client.job(models[mid], x, y, config, mid, sample_weights=gamma[:, ids.index(mid)])
-                     for mid in active]
+    active = [j for j in range(k) if new_omega[j] > 0]
+    results = yield [client.job(models[ids[j]], x, y, config, ids[j], sample_weights=gamma[:, j])
+                     for j in active]
     trained = {mid: models[mid] for mid in ids}
-    trained.update({mid: r.weights for mid, r in zip(active, results)})
+    trained.update({ids[j]: r.weights for j, r in zip(active, results)})
     per_model = {mid: {P.NUM_EXAMPLES: len(y)} for mid in ids}
     metrics = {P.NUM_EXAMPLES: len(y), OMEGA_REPLY: new_omega.tolist(),
                MASS: mass.ravel().tolist(), P.LOSSES: losses.mean(axis=0).tolist(),
