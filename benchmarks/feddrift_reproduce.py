@@ -32,6 +32,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 DATASETS = ["sine2", "circle2", "sea2", "sea4"]
+# SEA as the authors' data files are (thresholds 8, 9, 7, 9): scored against the same paper column
+AUTHORS_SEA = ["sea2-authors", "sea4-authors"]
+
+
+def paper_column(dataset: str) -> int:
+    """The paper's column of ``dataset`` (a variant shares its base dataset's)."""
+    return DATASETS.index(dataset.split("-")[0])
+
+
+def base(dataset: str) -> str:
+    return dataset.split("-")[0]
+
 DELTA = {"sine2": 0.20, "circle2": 0.10, "sea2": 0.04, "sea4": 0.04}          # the authors' code's defaults
 DRIFTSURF_DELTA = {"sine2": 0.10, "circle2": 0.05, "sea2": 0.02, "sea4": 0.02}
 CLUSTERS = {"sine2": 2, "circle2": 2, "sea2": 2, "sea4": 4}
@@ -59,6 +71,7 @@ PAPER = {
     "Oracle": ("oracle-t", [(98.45, 0.03), (97.84, 0.22), (87.76, 0.98), (88.79, 0.41)]),
     "Oracle-W": ("oracle-w", [(98.53, 0.15), (97.81, 0.13), (87.31, 0.75), (88.41, 0.57)]),
 }
+TABLE_ORDER = {m: i for i, m in enumerate(PAPER)}
 TABLE2 = ["Oblivious", "DriftSurf", "KUE", "AUE", "Window", "Adaptive-FedAvg", "IFCA-W", "CFL-W",
           "FedDrift-Eager", "FedDrift", "Oracle"]
 
@@ -68,13 +81,20 @@ def run_config(strategy: str, dataset: str, seed: int, args) -> dict:
         "strategy": strategy, "scenario": dataset, "seed": seed, "data-seed": args.data_seed,
         "rounds-per-step": args.rounds, "local-steps": args.local_steps, "batch-size": 50,
         "lr": 0.01, "weight-decay": 0.001, "optimizer": "adam",
-        "num-clusters": CLUSTERS[dataset], "feddrift.delta": DELTA[dataset],
-        "feddrift-baselines.driftsurf-delta": DRIFTSURF_DELTA[dataset],
+        "num-clusters": CLUSTERS[base(dataset)], "feddrift.delta": DELTA[base(dataset)],
+        "feddrift-baselines.driftsurf-delta": DRIFTSURF_DELTA[base(dataset)],
         "feddrift-baselines.afa-lr": 0.1 if dataset == "sine2" else 0.01,
+        "optimizer-state": args.optimizer_state,
         "progress": False, "plot": False, "checkpoint-every": 0, "protocol": "none",
-        "overwrite": True, "out-dir": str(Path(args.runs_dir) / f"R{args.rounds}-K{args.local_steps}" / f"{strategy}-{dataset}-s{seed}"),
+        "overwrite": True, "out-dir": str(Path(args.runs_dir) / _setting(args) / f"{strategy}-{dataset}-s{seed}"),
     }
     return cfg
+
+
+def _setting(args) -> str:
+    """The runs directory of one protocol (an Adam state kept per time step has its own)."""
+    kept = "-adam-per-step" if args.optimizer_state == "step" else ""
+    return f"R{args.rounds}-K{args.local_steps}{kept}"
 
 
 def _one(cfg: dict) -> dict:
@@ -99,7 +119,11 @@ def main() -> None:
     ap.add_argument("--local-steps", type=int, default=50, help="local Adam steps K (paper: 50)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--data-seed", type=int, default=0)
-    ap.add_argument("--datasets", nargs="+", default=DATASETS, choices=DATASETS)
+    ap.add_argument("--datasets", nargs="+", default=DATASETS, choices=DATASETS + AUTHORS_SEA)
+    ap.add_argument("--optimizer-state", default="round", choices=("round", "step"),
+                    help="round: a fresh Adam every round | step: kept through a time step, "
+                         "as the authors' clients")
+    ap.add_argument("--jsonl", default="", help="write one JSON line per run (the raw results)")
     ap.add_argument("--methods", nargs="+", default=TABLE2, help="paper row names (see PAPER)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "feddrift-repro"))
@@ -136,6 +160,24 @@ def main() -> None:
     print(table)
     if args.out:
         Path(args.out).write_text(table)
+    if args.jsonl:
+        write_jsonl(results, args)
+
+
+#: the summary fields a raw row keeps
+ROW_FIELDS = ("acc_omit", "acc_include", "models_final", "models_sent_down", "models_sent_up",
+              "wall_time_s", "status")
+
+
+def write_jsonl(results: dict, args) -> None:
+    """One JSON line per run, in a stable order: what the tables are computed from."""
+    with open(args.jsonl, "w") as fh:
+        for (m, d, s) in sorted(results, key=lambda k: (TABLE_ORDER.get(k[0], 99), k[1], k[2])):
+            row = {"method": m, "strategy": PAPER[m][0], "dataset": d, "seed": s,
+                   "data_seed": args.data_seed, "rounds": args.rounds,
+                   "local_steps": args.local_steps, "optimizer_state": args.optimizer_state,
+                   **{f: results[(m, d, s)].get(f) for f in ROW_FIELDS}}
+            fh.write(json.dumps(row) + "\n")
 
 
 def _ms(values: list[float]) -> str:
@@ -156,8 +198,8 @@ def checks(results: dict, args) -> list[str]:
     out = []
     for d in args.datasets:
         for m in ("FedDrift", "Oracle"):
-            ours, paper = mean(m, d), PAPER[m][1][DATASETS.index(d)][0]
-            tol = TOLERANCE.get((m, d), TOLERANCE[(m, None)])
+            ours, paper = mean(m, d), PAPER[m][1][paper_column(d)][0]
+            tol = TOLERANCE.get((m, base(d)), TOLERANCE[(m, None)])
             if ours is not None:
                 ok = abs(ours - paper) <= tol
                 out.append(f"{'PASS' if ok else 'FAIL'} {m} on {d}: {ours:.2f} vs paper {paper:.2f} "
@@ -172,7 +214,7 @@ def checks(results: dict, args) -> list[str]:
         if m in ("FedDrift", "Oracle"):
             continue
         for d in args.datasets:
-            ours, paper = mean(m, d), PAPER[m][1][DATASETS.index(d)][0]
+            ours, paper = mean(m, d), PAPER[m][1][paper_column(d)][0]
             if ours is not None and abs(ours - paper) > 3:
                 out.append(f"NOTE {m} on {d} differs from the paper by {ours - paper:+.2f} points "
                            f"({ours:.2f} vs {paper:.2f})")
@@ -183,7 +225,9 @@ def render(results: dict, methods: list[str], missing: list[str], args, elapsed:
     cmd = "python benchmarks/feddrift_reproduce.py " + shlex.join(a for a in sys.argv[1:] if a != "--table-only")
     lines = [
         f"Reproduction: R = {args.rounds} rounds per step, K = {args.local_steps} local steps, "
-        f"seeds {args.seeds} (data seed {args.data_seed}), in-process engine.",
+        f"seeds {args.seeds} (data seed {args.data_seed}), in-process engine, "
+        + ("Adam state kept through each time step (as the authors' clients)."
+           if args.optimizer_state == "step" else "a fresh Adam state every round."),
         "", f"Command: `{cmd}`", "",
         "Accuracy (%) omitting drift steps, ours (mean ± std over seeds) / paper (Table 2, Table 4):", "",
         "| Method | " + " | ".join(d for d in args.datasets) + " |",
@@ -193,7 +237,7 @@ def render(results: dict, methods: list[str], missing: list[str], args, elapsed:
         cells = []
         for d in args.datasets:
             vals = [100 * results[(m, d, s)]["acc_omit"] for s in args.seeds if (m, d, s) in results]
-            paper = PAPER[m][1][DATASETS.index(d)]
+            paper = PAPER[m][1][paper_column(d)]
             seeds = "" if len(vals) == len(args.seeds) else f" ({len(vals)} seeds)"
             cells.append(f"{_ms(vals)}{seeds} / {paper[0]:.2f} ± {paper[1]:.2f}" if vals
                          else f"not run / {paper[0]:.2f} ± {paper[1]:.2f}")

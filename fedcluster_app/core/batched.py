@@ -15,6 +15,9 @@ training config, minibatch sizes) and each group trains at once:
   own gradient, and Adam and SGD (momentum, weight decay) act element by element, so one
   optimizer over the stacked tensors is the jobs' own optimizers side by side.
 
+Jobs that continue an optimizer state (``optimizer-state = "step"``) stack in the NumPy kernel,
+which continues each row's own state; PyTorch jobs with a state train per client.
+
 Every job keeps the minibatches its client drew from its own random stream, so batched and
 per-client runs see the same data in the same order and agree up to floating-point rounding
 (``tests/test_batched.py`` checks each family). Models with buffers (batch norm) or frozen
@@ -40,6 +43,7 @@ from fedcluster_app.core.models import (
     scratch_model,
 )
 from fedcluster_app.core.training import (
+    OptimizerState,
     as_tensor,
     batch_indices,
     local_train,
@@ -61,6 +65,9 @@ class FitJob:
     numpy_kernel: bool = False          # the stacked NumPy MLP kernel instead of PyTorch
     sample_weights: np.ndarray | None = None
     prox_center: list[np.ndarray] | None = None
+    # optimizer-state = "step": the optimizer state to continue from ({} = fresh), replaced by
+    # the state after training (the client keeps it: core/handlers.py); None = not kept
+    optimizer_state: OptimizerState | None = None
 
     @classmethod
     def drawing(cls, spec: ModelSpec, weights, x, y, cfg: TrainConfig, rng: np.random.Generator,
@@ -96,12 +103,15 @@ def run_jobs(jobs: Sequence[FitJob]) -> list[FitResult]:
 def _torch_one(job: FitJob) -> FitResult:
     model = scratch_model(job.spec, job.weights, job.device)
     loss = local_train(model, job.x, job.y, job.cfg, None, sample_weights=job.sample_weights,
-                       prox_center=job.prox_center, batches=job.batches)
+                       prox_center=job.prox_center, batches=job.batches,
+                       optimizer_state=job.optimizer_state)
     return FitResult(get_weights(model), loss)
 
 
 def _kernel_job(job: FitJob) -> kernels.TrainJob:
-    return (job.weights, job.x, job.y, job.batches)
+    if job.optimizer_state is None:
+        return (job.weights, job.x, job.y, job.batches)
+    return (job.weights, job.x, job.y, job.batches, job.optimizer_state)
 
 
 # --------------------------------------------------------------------------- batched
@@ -118,7 +128,7 @@ def run_jobs_batched(jobs: Sequence[FitJob]) -> list[FitResult]:
                 done = kernels.numpy_train_many([_kernel_job(group[k]) for k in chunk], key[0])
                 for k, (weights, loss) in zip(chunk, done):
                     results[k] = FitResult(weights, loss)
-        elif _stackable(group[0].spec, group[0].device):
+        elif _stackable(group[0].spec, group[0].device) and group[0].optimizer_state is None:
             for chunk in _chunks(steps, [np.asarray(j.x).size * 4 for j in group]):
                 done = (_torch_stacked([group[k] for k in chunk])
                         if chunk_pays([steps[k] for k in chunk])
@@ -174,7 +184,9 @@ def _groups(jobs: Sequence[FitJob], kernel_only: bool = False) -> dict[tuple, li
             job.cfg, job.numpy_kernel, job.spec, job.device,
             # the NumPy kernel stacks equal minibatch sizes; PyTorch pads and masks instead
             tuple(len(b) for b in job.batches) if job.numpy_kernel else None,
-            job.sample_weights is None, job.prox_center is None)
+            job.sample_weights is None, job.prox_center is None,
+            # a kept optimizer state: the kernel continues it per row; PyTorch, per client
+            job.optimizer_state is None)
         groups.setdefault(key, []).append(i)
     return groups
 

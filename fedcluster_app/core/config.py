@@ -153,6 +153,7 @@ class TrainConfig:
     batch_size: int = 50
     drop_last: bool = False
     prox_mu: float = 0.0
+    optimizer_state: str = "round"     # round: a fresh optimizer every round | step: kept per time step
 
 
 @dataclass(frozen=True)
@@ -289,6 +290,8 @@ def validate(cfg: RunConfig) -> None:
          f"protocol must be 'scenario' or 'none', got {cfg.protocol!r}"),
         (cfg.init in ("torch", "normal"), f"init must be 'torch' or 'normal', got {cfg.init!r}"),
         (t.optimizer in ("adam", "sgd"), f"optimizer must be 'adam' or 'sgd', got {t.optimizer!r}"),
+        (t.optimizer_state in ("round", "step"),
+         f"optimizer-state must be 'round' or 'step', got {t.optimizer_state!r}"),
         (_positive(t.lr), f"lr must be a positive finite number, got {t.lr}"),
         (0.0 <= t.momentum < 1.0, f"momentum must be in [0, 1), got {t.momentum}"),
         (_finite_nonneg(t.weight_decay), f"weight-decay must be a finite number >= 0, got "

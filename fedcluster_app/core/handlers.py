@@ -40,6 +40,7 @@ def call(handler: Handler, client: StreamClient, config: dict, models: Models) -
         while True:
             jobs = out.send(run_jobs(jobs))
     except StopIteration as stop:
+        client.keep_optimizer_states()
         return stop.value
 
 
@@ -53,6 +54,7 @@ def call_many(calls: Sequence[Call]) -> list[tuple | Exception]:
         try:
             waiting[i] = (gen, gen.send(sent))     # send(None) starts a generator
         except StopIteration as stop:
+            calls[i][1].keep_optimizer_states()
             out[i] = stop.value
         except Exception as ex:  # noqa: BLE001 - one client's failure is its own error reply
             out[i] = ex

@@ -49,7 +49,9 @@ def numpy_train(
     return numpy_train_many([(weights, x, y, batches)], cfg)[0]
 
 
-TrainJob = tuple[list[np.ndarray], np.ndarray, np.ndarray, list[np.ndarray]]  # weights, x, y, batches
+#: weights, x, y, batches, and optionally the optimizer state to continue from (a dict in the
+#: names of ``training.OptimizerState``; empty = fresh), replaced in place by the state after
+TrainJob = tuple  # (list[np.ndarray], np.ndarray, np.ndarray, list[np.ndarray][, OptimizerState])
 
 
 def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], float]]:
@@ -60,7 +62,7 @@ def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], 
     per-call overhead, not the arithmetic, is the cost. Results equal ``numpy_train`` per job
     up to floating-point rounding."""
     groups: dict[tuple, list[int]] = {}
-    for j, (weights, _, _, batches) in enumerate(jobs):
+    for j, (weights, _, _, batches, *_) in enumerate(jobs):
         key = (tuple(np.shape(w) for w in weights), tuple(len(b) for b in batches))
         groups.setdefault(key, []).append(j)
     out: list = [None] * len(jobs)
@@ -87,7 +89,7 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     shapes = [np.shape(w) for w in jobs[0][0]]
     offsets = np.cumsum([0] + [int(np.prod(s)) for s in shapes])
     flat = np.stack([np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in weights])
-                     for weights, _, _, _ in jobs])                        # (M, P)
+                     for weights, *_ in jobs])                             # (M, P)
     grad = np.zeros_like(flat)
 
     def split(arr: np.ndarray) -> list[np.ndarray]:
@@ -97,20 +99,20 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
 
     w1, b1, w2, b2 = split(flat)
     g1, gb1, g2, gb2 = split(grad)
-    xs = [np.asarray(x, dtype=np.float64).reshape(len(x), -1) for _, x, _, _ in jobs]
-    ys = [np.asarray(y) for _, _, y, _ in jobs]
+    xs = [np.asarray(x, dtype=np.float64).reshape(len(x), -1) for _, x, *_ in jobs]
+    ys = [np.asarray(y) for _, _, y, *_ in jobs]
     sizes = [len(b) for b in jobs[0][3]]        # the same for every job of a group
     XB = YB = None
     if len(set(sizes)) == 1 and sizes[0] > 0:   # local steps: gather every minibatch at once
-        XB = np.stack([x[np.stack(b)] for x, (_, _, _, b) in zip(xs, jobs)])  # (M, steps, bsz, d)
-        YB = np.stack([y[np.stack(b)] for y, (_, _, _, b) in zip(ys, jobs)])
+        XB = np.stack([x[np.stack(job[3])] for x, job in zip(xs, jobs)])  # (M, steps, bsz, d)
+        YB = np.stack([y[np.stack(job[3])] for y, job in zip(ys, jobs)])
 
     def batch_at(step: int) -> tuple[np.ndarray, np.ndarray]:
         if XB is not None:
             return XB[:, step], YB[:, step]
         # epochs with a partial last batch: gathered step by step
-        return (np.stack([x[b[step]] for x, (_, _, _, b) in zip(xs, jobs)]),
-                np.stack([y[b[step]] for y, (_, _, _, b) in zip(ys, jobs)]))
+        return (np.stack([x[job[3][step]] for x, job in zip(xs, jobs)]),
+                np.stack([y[job[3][step]] for y, job in zip(ys, jobs)]))
 
     picked = []                                 # p(y | x) of every sample seen, per step
     mi = np.arange(M)[:, None]
@@ -121,11 +123,21 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     tmp = np.empty_like(flat)
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     wd, lr = float(cfg.weight_decay), float(cfg.lr)
+    states = [job[4] if len(job) > 4 else None for job in jobs]
+    t0 = np.zeros(M, dtype=np.int64)            # optimizer steps taken before this call
+    for k, state in enumerate(states):
+        if state:
+            t0[k] = _load_state(state, adam, shapes, m[k], v[k], vmax[k])
     t = 0
     for step, bsz in enumerate(sizes):
         if bsz == 0:
             continue
         t += 1                                  # torch's step counter: optimizer steps taken
+        if t0.any():   # jobs that continue an optimizer: each its own bias correction
+            c2 = np.array([[1.0 / np.sqrt(1 - beta2 ** (t + s))] for s in t0])
+            c1 = np.array([[lr / (1 - beta1 ** (t + s))] for s in t0])
+        else:
+            c2, c1 = 1.0 / np.sqrt(1 - beta2 ** t), lr / (1 - beta1 ** t)
         xb, yb = batch_at(step)
         rows = np.arange(bsz)[None, :]
         z1 = np.matmul(xb, w1.transpose(0, 2, 1))          # (M, bsz, hidden)
@@ -160,14 +172,19 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
             v += tmp
             np.maximum(vmax, v, out=vmax)
             np.sqrt(vmax, out=tmp)
-            tmp *= 1.0 / np.sqrt(1 - beta2 ** t)
+            tmp *= c2
             tmp += eps
             np.divide(m, tmp, out=tmp)
-            tmp *= lr / (1 - beta1 ** t)
+            tmp *= c1
             flat -= tmp
         elif cfg.momentum:   # torch.optim.SGD: the first step's buffer is the gradient itself
-            if t == 1:
+            if t == 1 and not t0.any():
                 m[...] = grad
+            elif t == 1:
+                fresh = t0 == 0
+                m[fresh] = grad[fresh]
+                m[~fresh] *= cfg.momentum
+                m[~fresh] += grad[~fresh]
             else:
                 m *= cfg.momentum
                 m += grad
@@ -178,5 +195,38 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
             flat -= tmp
     # the mean over minibatches of the minibatch's mean cross-entropy, as local_train reports
     losses = -np.mean([np.log(pk).mean(axis=1) for pk in picked], axis=0) if picked else np.zeros(M)
+    for k, state in enumerate(states):
+        if state is not None:
+            _store_state(state, adam, cfg.momentum, shapes, offsets, t0[k] + t, m[k], v[k], vmax[k])
     return [([np.asarray(w[k], dtype=np.float32).copy() for w in (w1, b1, w2, b2)], float(losses[k]))
             for k in range(M)]
+
+
+# ------------------------------------------------------ optimizer state (optimizer-state = step)
+_ADAM = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+
+def _load_state(state: dict, adam: bool, shapes: list, m: np.ndarray, v: np.ndarray,
+                vmax: np.ndarray) -> int:
+    """Fill one job's rows of the optimizer buffers from ``state`` (torch's names, per
+    parameter); returns the optimizer steps already taken."""
+    names = _ADAM if adam else ("momentum_buffer",)
+    rows = (m, v, vmax) if adam else (m,)
+    for name, row in zip(names, rows):
+        row[...] = np.concatenate([np.asarray(state[f"{i}.{name}"], dtype=np.float64).ravel()
+                                   for i in range(len(shapes))])
+    return int(np.asarray(state.get("0.step", 1 if not adam else 0)))
+
+
+def _store_state(state: dict, adam: bool, momentum: float, shapes: list, offsets: np.ndarray,
+                 steps: int, m: np.ndarray, v: np.ndarray, vmax: np.ndarray) -> None:
+    state.clear()
+    if not adam and not momentum:
+        return                                  # plain SGD keeps no state
+    names = _ADAM if adam else ("momentum_buffer",)
+    rows = (m, v, vmax) if adam else (m,)
+    for i, (a, b, shape) in enumerate(zip(offsets[:-1], offsets[1:], shapes)):
+        for name, row in zip(names, rows):
+            state[f"{i}.{name}"] = row[a:b].reshape(shape).astype(np.float32)
+        if adam:
+            state[f"{i}.step"] = np.asarray(float(steps), dtype=np.float32)

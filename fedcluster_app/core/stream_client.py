@@ -3,8 +3,9 @@
 At time step t the client trains on the window of its last ``window`` steps and tests on the
 held-out split of step t. Its data are regenerated deterministically from (scenario, client,
 step, seed) on every call, so the only memory it keeps between rounds is what lives in
-``context.state``: its personal model (strategies whose model never leaves the client) and
-counters.
+``context.state``: its personal model (strategies whose model never leaves the client),
+counters, and with ``optimizer-state = "step"`` its optimizers' state per model for the current
+time step.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from flwr.app import MetricRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from torch import nn
 
@@ -27,10 +28,17 @@ from fedcluster_app.core.models import (
     scratch_model,
     set_weights,
 )
-from fedcluster_app.core.training import evaluate, evaluate_mixture, limit_threads
+from fedcluster_app.core.training import (
+    OptimizerState,
+    evaluate,
+    evaluate_mixture,
+    limit_threads,
+)
 
 PERSONAL_KEY = "personal-model"
 COUNTERS_KEY = "client-counters"
+OPTIMIZER_PREFIX = "optimizer-state."   # + stream id (a model id): one record per model
+_STATE_STEP = "time-step"               # the time step an optimizer state belongs to
 
 # run-config keys a server message may override for one round (e.g. a decayed learning rate)
 _TRAIN_OVERRIDES = {f.name.replace("_", "-"): f.name for f in dataclasses.fields(TrainConfig)}
@@ -49,6 +57,8 @@ class StreamClient(NumPyClient):
         self.exp = experiment
         self.state = state
         self.device = resolve_device(experiment.cfg.device)
+        # optimizer states handed to this message's jobs, kept when its handler finishes
+        self._open_states: dict[str, tuple[int, OptimizerState]] = {}
 
     # -- models on this client's device -------------------------------------------------------
     def scratch(self, weights: list[np.ndarray]) -> nn.Module:
@@ -105,6 +115,7 @@ class StreamClient(NumPyClient):
     def fit(self, parameters, config):
         job = self.fit_job(parameters, config)
         (weights, loss), = run_jobs([job])
+        self.keep_optimizer_states()
         self.count_trained()
         return weights, len(job.y), {P.TRAIN_LOSS: loss}
 
@@ -119,6 +130,7 @@ class StreamClient(NumPyClient):
             **kw) -> FitJob:
         """A training job on (x, y) whose minibatches come from stream ``stream_id`` of this
         client's round."""
+        kw.setdefault("optimizer_state", self.optimizer_state(config, stream_id))
         return FitJob.drawing(self.exp.spec, weights, x, y, cfg or self.train_config(config),
                               self.rng(int(config[P.ROUND]), stream_id), device=self.device, **kw)
 
@@ -156,6 +168,40 @@ class StreamClient(NumPyClient):
 
     def store_personal(self, weights: list[np.ndarray]) -> None:
         self.state[PERSONAL_KEY] = P.pack_arrays(weights)
+
+    def optimizer_state(self, config: dict, stream_id: int) -> OptimizerState | None:
+        """With ``optimizer-state = "step"`` (as the FedDrift authors' clients, whose optimizers
+        live for one time step): the state this client's optimizer of model ``stream_id`` was
+        left in by its last training in the current time step, ``{}`` if there was none (a
+        fresh optimizer). The trainer updates it in place and :meth:`keep_optimizer_states`
+        stores it once the message's handler has finished. ``None`` (the default,
+        ``optimizer-state = "round"``): a fresh optimizer every round, nothing kept."""
+        if self.train_config(config).optimizer_state != "step":
+            return None
+        step, key = int(config[P.STEP]), f"{OPTIMIZER_PREFIX}{stream_id}"
+        state: OptimizerState = {}
+        record = self.state.array_records.get(key)
+        if record is not None and int(P.to_numpy(record[_STATE_STEP])) == step:
+            state = {name: P.to_numpy(a) for name, a in record.items() if name != _STATE_STEP}
+        self._open_states[key] = (step, state)
+        return state
+
+    def keep_optimizer_states(self) -> None:
+        """Store the optimizer states this message's training left (see
+        :meth:`optimizer_state`) and drop those of earlier time steps."""
+        if not self._open_states:
+            return
+        step = max(s for s, _ in self._open_states.values())
+        for key in [k for k, r in self.state.array_records.items() if k.startswith(OPTIMIZER_PREFIX)
+                    and int(P.to_numpy(r[_STATE_STEP])) != step]:
+            del self.state[key]
+        for key, (s, state) in self._open_states.items():
+            record = ArrayRecord()
+            for name, a in state.items():
+                record[name] = P.to_array(np.asarray(a))
+            record[_STATE_STEP] = P.to_array(np.asarray(s, dtype=np.int64))
+            self.state[key] = record
+        self._open_states.clear()
 
     def count_trained(self) -> None:
         self._count("trained")

@@ -79,6 +79,7 @@ def local_train(
     sample_weights: np.ndarray | None = None,
     prox_center: list[np.ndarray] | None = None,
     batches: list[np.ndarray] | None = None,
+    optimizer_state: OptimizerState | None = None,
 ) -> float:
     """Train ``model`` in place on (x, y); returns the mean training loss.
 
@@ -88,6 +89,8 @@ def local_train(
     when sum_k u_k = 1). ``sample_weights`` (one per sample) weight the per-sample losses,
     still averaged over the batch size (soft clustering: FedEM, FedRC). ``batches`` (minibatch
     indices drawn beforehand from ``rng`` by ``batch_indices``) replaces the draw.
+    ``optimizer_state`` (``optimizer-state = "step"``) is the optimizer's state to continue
+    from (empty: a fresh optimizer); it is replaced, in place, by the state after training.
     """
     if len(y) == 0:
         raise ValueError("no training data")
@@ -96,6 +99,8 @@ def local_train(
     wt = None if sample_weights is None else as_tensor(sample_weights, device=dev)
     model.train()
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg)
+    if optimizer_state:
+        load_optimizer_state(opt, optimizer_state)
     anchor = None
     if cfg.prox_mu > 0:
         anchor = ([p.detach().clone() for p in model.parameters()] if prox_center is None
@@ -117,7 +122,34 @@ def local_train(
             loss = loss + 0.5 * cfg.prox_mu * prox
         loss.backward()
         opt.step()
+    if optimizer_state is not None:
+        optimizer_state.clear()
+        optimizer_state.update(optimizer_state_arrays(opt))
     return total / max(len(batches), 1)
+
+
+#: an optimizer's per-parameter state as arrays: ``"<parameter index>.<name>"`` -> array, the
+#: names of torch's Adam (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``) and SGD
+#: (``momentum_buffer``); the NumPy kernel reads and writes the same names
+OptimizerState = dict[str, np.ndarray]
+
+
+def optimizer_state_arrays(opt: torch.optim.Optimizer) -> OptimizerState:
+    return {f"{i}.{name}": value.detach().cpu().numpy().copy() if torch.is_tensor(value)
+            else np.asarray(value, dtype=np.float64)
+            for i, state in opt.state_dict()["state"].items()
+            for name, value in state.items() if value is not None}
+
+
+def load_optimizer_state(opt: torch.optim.Optimizer, arrays: OptimizerState) -> None:
+    """Continue ``opt`` from ``arrays`` (``optimizer_state_arrays`` of an optimizer over
+    parameters of the same shapes)."""
+    state: dict[int, dict] = {}
+    for key, value in arrays.items():
+        i, name = key.split(".", 1)
+        state.setdefault(int(i), {})[name] = torch.as_tensor(np.array(value))
+    current = opt.state_dict()
+    opt.load_state_dict({"state": state, "param_groups": current["param_groups"]})
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ family             concepts (id: meaning)                  drifting clients    t
 sine2              0: A, 1: B (= A with labels flipped)    first half          1
 circle2            0: A, 1: B (circles: docs/feddrift.md)  first half          1
 sea2 / sea4        thresholds 0: 9, 1: 8 (/ 2: 7, 3: 9.5)  first half          1 / 1 + k % 3
+sea2/4-authors     thresholds 0: 8, 1: 9 (/ 2: 7, 3: 9)    first half          1 / 1 + k % 3
 mixture-swap       0: original, 1: labels y -> (y+1) % C   first half          1
 mixture-prior      0: client prior, 1: 90% of the mass on  first half          1
                    the first half of the classes
@@ -116,6 +117,7 @@ from fedcluster_app.core.data.drift import (
 from fedcluster_app.core.data.generators import (
     CIRCLE_CONCEPTS,
     SEA_THRESHOLDS,
+    SEA_THRESHOLDS_AUTHORS,
     SINE_CONCEPTS,
     SeaConcept,
     digits_pools,
@@ -200,10 +202,12 @@ def _family(d: ScenarioDef, num_classes: int = 10, image: bool = True) -> _Famil
         return _Family(list(SINE_CONCEPTS), ["A", "B"], _first_half, lambda k: 1)
     if d.data == "circle":
         return _Family(list(CIRCLE_CONCEPTS), ["A", "B"], _first_half, lambda k: 1)
-    if d.data == "sea":
-        n = int(d.variant)
-        names = "ABCD"[:n]
-        concepts = [SeaConcept(t, 0.10, name) for t, name in zip(SEA_THRESHOLDS, names)]
+    if d.data == "sea":     # variant "2" / "4", or "2-authors" / "4-authors"
+        n, _, authors = d.variant.partition("-")
+        names = "ABCD"[: int(n)]
+        thresholds = SEA_THRESHOLDS_AUTHORS if authors else SEA_THRESHOLDS
+        concepts = [SeaConcept(t, 0.10, name) for t, name in zip(thresholds, names)]
+        n = int(n)
         target = (lambda k: 1) if n == 2 else (lambda k: 1 + k % 3)
         return _Family(list(concepts), list(names), _first_half, target)
     if d.data == "river":

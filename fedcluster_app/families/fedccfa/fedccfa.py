@@ -38,6 +38,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.strategy import (
     ClusteredStrategy,
     RejectedReply,
@@ -63,6 +64,10 @@ class _GeneralisedEval(ClusteredStrategy):
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
+        if self.cfg.train.optimizer_state != "round":
+            # the clients' own SGD phases (client.py) build their optimizers afresh each round
+            raise ConfigError(f"{self.name} trains with its own optimizers: optimizer-state must "
+                              f"be 'round', got {self.cfg.train.optimizer_state!r}")
         if self.needs_head:
             self.require_split_model()
         self.pending: dict[int, dict[str, Any]] = {}

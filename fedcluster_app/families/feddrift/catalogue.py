@@ -95,6 +95,13 @@ SCENARIOS = [
                 "schedule Y", "sea", "2", "Y", num_steps=11, drift_step=4),
     ScenarioDef("sea4", "SEA-4 (FedDrift): thresholds 9, 8, 7, 9.5, 10% label noise; 4-concept "
                 "schedule F with recurrence", "sea", "4", "F", num_steps=11, drift_step=4),
+    # SEA as the FedDrift authors' data files are (docs/feddrift.md, "SEA as the authors' files")
+    ScenarioDef("sea2-authors", "SEA-2 as the FedDrift authors' data files: thresholds 8 (A) / 9 "
+                "(B), 10% label noise; schedule Y", "sea", "2-authors", "Y", num_steps=11,
+                drift_step=4),
+    ScenarioDef("sea4-authors", "SEA-4 as the FedDrift authors' data files: thresholds 8, 9, 7, 9 "
+                "(B = D: three distinct concepts), 10% label noise; schedule F", "sea",
+                "4-authors", "F", num_steps=11, drift_step=4),
 ]
 
 
@@ -104,4 +111,5 @@ SCENARIOS = [
 _PAPER = {"rounds-per-step": 100, "local-steps": 50, "batch-size": 50, "optimizer": "adam",
           "lr": 0.01, "weight-decay": 0.001}
 PROTOCOLS = {name: {**_PAPER, "num-clusters": k}
-             for name, k in (("sine2", 2), ("circle2", 2), ("sea2", 2), ("sea4", 4))}
+             for name, k in (("sine2", 2), ("circle2", 2), ("sea2", 2), ("sea4", 4),
+                             ("sea2-authors", 2), ("sea4-authors", 4))}
