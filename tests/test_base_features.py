@@ -114,7 +114,7 @@ def test_registry_create_merge_delete(fast_config):
     expected = [0.3 * x + 0.7 * (x + 1.0) for x in strategy.initial_weights()]
     assert all(np.allclose(m, e) for m, e in zip(strategy.models[merged], expected))
     strategy.delete_model(merged)
-    assert strategy.num_clusters() == 0 and strategy.eval_task(0) is None
+    assert strategy.clusters_in_use() == [] and strategy.eval_task(0) is None
 
 
 def test_clients_train_on_the_history_steps_and_test_on_the_step_they_are_told(fast_config):

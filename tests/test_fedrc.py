@@ -215,7 +215,7 @@ def test_pruning_removes_clusters_below_the_mass_threshold(tmp_path):
         "fedrc.prune-warmup": 2, "fedrc.prune-every-round": True}))
     assert summary["status"] == "completed"
     assert summary["pruned"] and all(p["mass"] < 0.2 for p in summary["pruned"])
-    assert summary["num_clusters_final"] == len(summary["model_ids"]) < 6
+    assert summary["models_allocated_final"] == len(summary["model_ids"]) < 6
     assert len(summary["label_prior"]) == len(summary["model_ids"])
     meta, _ = read_checkpoint(summary["out_dir"])
     for rec in meta["clients"]:

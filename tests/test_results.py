@@ -484,7 +484,7 @@ def test_plot_title_and_drift_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(plots, "save_png", spy)
     r = RunRecorder(tmp_path, strategy="fedavg", scenario="sea", seed=4, config={})
     for i in range(1, 7):
-        r.log_round(rec(i, 0.7, drift=1 if i in (3, 5) else 0))
+        r.log_round(rec(i, 0.7, drift=1 if i in (3, 5) else 0, models_allocated=2))
     r.finish()
     ax = captured["fig"].axes[0]
     assert ax.get_title() == "fedavg on sea (seed 4)"
@@ -494,7 +494,15 @@ def test_plot_title_and_drift_lines(tmp_path, monkeypatch):
     )
     assert dashed_x == [3, 5]
     ax2 = captured["fig"].axes[1]
-    assert [line.get_label() for line in ax2.get_lines()] == ["clusters"]
+    assert [line.get_label() for line in ax2.get_lines()] == ["clusters in use"]
+    # models allocated beyond the clusters in use get a line of their own
+    r = RunRecorder(tmp_path / "more", strategy="ifca", scenario="sea", seed=4, config={})
+    for i in range(1, 4):
+        r.log_round(rec(i, 0.7, k=1, models_allocated=4))
+    r.finish()
+    ax2 = captured["fig"].axes[1]
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax2.get_lines()}
+    assert lines == {"clusters in use": [1, 1, 1], "models allocated": [4, 4, 4]}
 
 
 def test_module_import_is_light():
@@ -644,6 +652,11 @@ def test_format_round_line_missing_parts_and_extras():
     )
     assert "ari" not in line
     assert format_round_line({"round": 3}, 0) == "[round 3]"
+    # the models the server holds, when they are not the clusters in use
+    assert "] clusters 1 (4 models) | ari" in format_round_line(
+        {"round": 1, "num_clusters": 1, "models_allocated": 4, "ari": 0.5}, 5)
+    assert "] clusters 2 | ari" in format_round_line(
+        {"round": 1, "num_clusters": 2, "models_allocated": 2, "ari": 0.5}, 5)
     assert re.fullmatch(r"\[round\s+2/9\] acc 0\.250", format_round_line(
         {"round": 2, "accuracy": 0.25}, 9))
 

@@ -40,8 +40,14 @@ def call(handler: Handler, client: StreamClient, config: dict, models: Models) -
         while True:
             jobs = out.send(run_jobs(jobs))
     except StopIteration as stop:
-        client.keep_optimizer_states()
+        _finished(client)
         return stop.value
+
+
+def _finished(client: StreamClient | None) -> None:
+    """A handler has returned: its client keeps what its training left (optimizer states)."""
+    if client is not None:      # tests drive handlers without a client
+        client.keep_optimizer_states()
 
 
 def call_many(calls: Sequence[Call]) -> list[tuple | Exception]:
@@ -54,7 +60,7 @@ def call_many(calls: Sequence[Call]) -> list[tuple | Exception]:
         try:
             waiting[i] = (gen, gen.send(sent))     # send(None) starts a generator
         except StopIteration as stop:
-            calls[i][1].keep_optimizer_states()
+            _finished(calls[i][1])
             out[i] = stop.value
         except Exception as ex:  # noqa: BLE001 - one client's failure is its own error reply
             out[i] = ex

@@ -16,7 +16,9 @@ account for every message. The same algorithm class can therefore run under seve
   held-out split of the current step with its cluster's model (or the mixture of its soft
   clusters); held-out clients (a scenario's ``holdout_clients``) are scored as newcomers
   (``global_accuracy``); the adjusted Rand index of the clustering against the true concepts,
-  the concept-by-cluster mass and the number of clients whose concept changed are recorded.
+  the concept-by-cluster mass and the number of clients whose concept changed are recorded;
+* every round the cluster each client is in (``assignments``), how many clusters that makes
+  (``num_clusters``) and how many cluster models the server holds (``models_allocated``).
 
 Other protocols subclass it: FedDrift's time-step protocol (``families/feddrift/protocol.py``:
 history per (step, client), test on the next step) and FlexCFL's paper protocol
@@ -109,8 +111,24 @@ class Protocol:
     def on_relabel(self, old: int, new: int | None) -> None:
         """Every client of model ``old`` now belongs to ``new`` (a merge; None: to none)."""
 
-    def num_clusters(self) -> int:
-        return self.s.num_clusters()
+    def assignment(self, cid: int) -> int | None:
+        """The cluster client ``cid`` is in this round; None for a client not connected (yet)
+        and for a held-out one (it picks a model when scored, it is in no cluster)."""
+        s = self.s
+        if cid not in s.clients or cid in s.holdouts:
+            return None
+        return s.assigned_model(cid)
+
+    def models_allocated(self) -> int:
+        return len(self.s.cluster_models())
+
+    def clustering(self) -> dict[str, Any]:
+        """This round's ``num_clusters`` (the clusters in use: distinct assignments),
+        ``models_allocated`` and ``assignments`` (every client of the scenario) of metrics.jsonl."""
+        assignments = {c: self.assignment(c) for c in range(self.s.exp.scenario.num_clients)}
+        return {"num_clusters": len({m for m in assignments.values() if m is not None}),
+                "models_allocated": self.models_allocated(),
+                "assignments": {str(c): m for c, m in assignments.items()}}
 
     def round_metrics(self, evaluated: bool) -> dict[str, Any]:
         """This round's protocol and strategy keys of metrics.jsonl."""

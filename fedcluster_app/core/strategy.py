@@ -242,10 +242,13 @@ class ClusteredStrategy(Strategy):
         return sorted(c for c, rec in self.clients.items() if rec.cluster == mid)
 
     def clusters_in_use(self) -> list[int]:
+        """The models that are some client's hard cluster (what plain rounds train)."""
         return sorted({rec.cluster for rec in self.clients.values() if rec.cluster is not None})
 
-    def num_clusters(self) -> int:
-        return len(self.clusters_in_use())
+    def cluster_models(self) -> list[int]:
+        """The models that are clusters, which ``models_allocated`` counts: the registry, less
+        entries a strategy keeps for another purpose (a probe, the initial model)."""
+        return sorted(self.models)
 
     # ------------------------------------------------------------------ ground truth
     def true_concept(self, cid: int, step: int) -> int | None:
@@ -306,12 +309,19 @@ class ClusteredStrategy(Strategy):
             return None
         return Task(models=[rec.cluster])
 
-    def cluster_label(self, cid: int) -> int | None:
-        """The cluster a client counts in for the adjusted Rand index."""
+    def assigned_model(self, cid: int) -> int | None:
+        """The cluster (model id) a client is in: its hard cluster, or under soft clustering
+        the model of its largest weight (ties: the lowest id). metrics.jsonl's ``assignments``
+        and ``num_clusters`` come from it (through the protocol)."""
         rec = self.clients[cid]
         if rec.soft:
             return max(rec.soft, key=lambda m: (rec.soft[m], -m))
         return rec.cluster
+
+    def cluster_label(self, cid: int) -> int | None:
+        """The cluster a client counts in for the adjusted Rand index: its assigned model,
+        unless the strategy clusters something else than models (FedCCFA: classifier rows)."""
+        return self.assigned_model(cid)
 
     def global_eval_task(self, cid: int) -> Task | None:
         """How a held-out client is scored: every model goes down and the client predicts with
@@ -783,10 +793,11 @@ class ClusteredStrategy(Strategy):
             if self._evaluate_fn is not None:
                 record["server_evaluation"] = self._server_evaluation(rnd)
             metrics = self.protocol.round_metrics(evaluated)   # what this round did
+            clustering = self.protocol.clustering()             # who is in which cluster
             if last_of_step:
                 self.end_step(step)
             record.update(
-                num_clusters=self.protocol.num_clusters(),
+                **clustering,
                 trained_clients=len(replies),
                 round_time_s=round(time.monotonic() - t_round, 4),
                 **self._round_stats,

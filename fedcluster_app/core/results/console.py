@@ -36,7 +36,9 @@ def format_round_line(record: dict, total_rounds: int) -> str:
     ``[round  12/55 | step  3] acc 0.912 | clusters 2 | ari 1.000 | up 12.3 kB down 24.6 kB | 0.21 s``
 
     Parts whose value is missing or null are left out; ``drift <n>`` and ``fail <n>`` appear
-    only when positive. ``total_rounds`` <= 0 or None leaves out the ``/total``.
+    only when positive; ``clusters`` counts the clusters in use, followed by ``(<n> models)``
+    when the server holds another number of models. ``total_rounds`` <= 0 or None leaves out
+    the ``/total``.
     """
     record = {k: _scalar(v) for k, v in record.items()}
     rnd = record.get("round")
@@ -57,9 +59,10 @@ def format_round_line(record: dict, total_rounds: int) -> str:
     glob = record.get("global_accuracy")
     if is_number(glob) and math.isfinite(glob):
         parts.append(f"global {glob:.3f}")
-    k = record.get("num_clusters")
+    k, allocated = record.get("num_clusters"), record.get("models_allocated")
     if k is not None:
-        parts.append(f"clusters {k}")
+        parts.append(f"clusters {k}" + (f" ({allocated} models)"
+                                        if allocated is not None and allocated != k else ""))
     ari = record.get("ari")
     if is_number(ari) and math.isfinite(ari):
         parts.append(f"ari {ari:.3f}")

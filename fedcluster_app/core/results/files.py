@@ -2,7 +2,9 @@
 
 ``metrics.jsonl`` holds one JSON object per round; required keys ``round``, ``time_step``,
 ``accuracy`` (mean client test accuracy in [0, 1], ``null`` when the round was not evaluated)
-and ``num_clusters``; ``ari`` when the scenario has ground truth; any strategy-specific key.
+and ``num_clusters`` (the clusters in use); ``models_allocated`` and ``assignments`` (client ->
+cluster) from the strategies; ``ari`` when the scenario has ground truth; any strategy-specific
+key.
 ``summary.json`` holds the run-level totals and means (``recorder.py``). NaN and infinities are
 never written: they become ``null``; NumPy scalars and arrays (anything with ``tolist()``) become
 plain JSON. Standard library only: the server imports this on start-up.
@@ -40,7 +42,7 @@ REQUIRED_SUMMARY_KEYS = (
 STATUSES = ("completed", "degraded", "failed")
 
 # Optional per-round keys whose type the recorder checks when they are present.
-_COUNT_KEYS = ("bytes_up", "bytes_down", "failures", "drifted_clients")
+_COUNT_KEYS = ("bytes_up", "bytes_down", "failures", "drifted_clients", "models_allocated")
 
 
 

@@ -1,6 +1,6 @@
-"""Plots of runs: accuracy, ARI and clusters over rounds with drift events marked, and the
-comparison of several runs. matplotlib is imported lazily (Agg canvas only: pyplot and the
-global backend are never touched)."""
+"""Plots of runs: accuracy, ARI and clusters in use (and models allocated where they differ)
+over rounds with drift events marked, and the comparison of several runs. matplotlib is
+imported lazily (Agg canvas only: pyplot and the global backend are never touched)."""
 
 from __future__ import annotations
 
@@ -65,10 +65,16 @@ def plot_history(records: list[dict], title: str, out_path: Path) -> Path:
         ax2 = ax.twinx()
         xs = [r["round"] for r in records]
         ks = [r["num_clusters"] for r in records]
-        (h,) = ax2.step(xs, ks, where="post", color="tab:orange", label="clusters")
+        (h,) = ax2.step(xs, ks, where="post", color="tab:orange", label="clusters in use")
         handles.append(h)
+        # models held beyond the clusters in use (IFCA's unchosen ones, FedDrift's older ones)
+        allocated = [r.get("models_allocated", k) for r, k in zip(records, ks)]
+        if allocated != ks:
+            (h,) = ax2.step(xs, allocated, where="post", color="tab:orange", linestyle="--",
+                            linewidth=1.0, label="models allocated")
+            handles.append(h)
         ax2.set_ylabel("number of clusters")
-        ax2.set_ylim(0, max(ks) + 1)
+        ax2.set_ylim(0, max(ks + allocated) + 1)
         ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
 
         drift_rounds = [r["round"] for r in records if (r.get("drifted_clients") or 0) > 0]

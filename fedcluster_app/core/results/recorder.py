@@ -40,7 +40,8 @@ def compute_summary(records: list[dict]) -> dict:
     (accuracy not null); ``final_accuracy`` / ``ari_final`` are the last non-null values;
     ``mean_accuracy_after_drift`` averages the evaluated rounds from the first round with
     ``drifted_clients > 0`` on (inclusive), null if there is no such round; byte and failure
-    counts are totals (missing keys count as 0); ``num_clusters_final`` is the last round's.
+    counts are totals (missing keys count as 0); ``num_clusters_final`` (clusters in use) and
+    ``models_allocated_final`` are the last round's.
     With held-out clients (FedRC's test clients) the same for ``global_accuracy``, plus
     ``last5_*``: the mean of the last five evaluated rounds (docs/fedrc.md, D4).
     """
@@ -63,6 +64,7 @@ def compute_summary(records: list[dict]) -> dict:
         "mean_accuracy_after_drift": after,
         "failures": _total(records, "failures"),
         "num_clusters_final": records[-1].get("num_clusters") if records else None,
+        "models_allocated_final": records[-1].get("models_allocated") if records else None,
         "last5_accuracy": _mean(accs[-5:]),
         "final_weighted_accuracy": weighted[-1] if weighted else None,
         **({"mean_global_accuracy": _mean(globs), "final_global_accuracy": globs[-1],

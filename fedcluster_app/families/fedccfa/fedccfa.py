@@ -280,13 +280,12 @@ class FedCCFA(_GeneralisedEval):
                 for c, labels in enumerate(labels_by_class)]
 
     def cluster_label(self, cid: int) -> int | None:
+        """For the ARI only: the tuple of the client's class-level clusters (its assignment,
+        the model it trains and is scored with, is the global one of every client)."""
         sig = self.signature.get(cid)
         if sig is None:
             return None
         return self._sig_ids.setdefault(tuple(sig), len(self._sig_ids))
-
-    def num_clusters(self) -> int:
-        return max(1, len({tuple(s) for s in self.signature.values()}))
 
     def round_metrics(self) -> dict[str, Any]:
         out = super().round_metrics()

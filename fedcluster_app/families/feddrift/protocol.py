@@ -27,8 +27,9 @@ mean over clients), ``acc_omit`` (over the clients whose concept at t+1 equals t
 computed from the ground truth kept for metrics, never used by the algorithms),
 ``client_accuracy``, ``identities``, ``models_alive``, ``models_active``, ``detections`` /
 ``detected_clients``, ``merges``, ``models_new`` and the strategy's own keys; every round:
-``models_down`` / ``models_up`` (model transfers). The summary adds ``acc_omit``,
-``acc_include`` and totals.
+``models_down`` / ``models_up`` (model transfers), and ``assignments`` = the identities of the
+round's step so far (``num_clusters`` counts the distinct ones, ``models_allocated`` the models
+alive). The summary adds ``acc_omit``, ``acc_include`` and totals.
 """
 
 from __future__ import annotations
@@ -289,8 +290,9 @@ class TimeStepProtocol(Protocol):
         return rec
 
     # ------------------------------------------------------------------ reporting and state
-    def num_clusters(self) -> int:
-        return len(self.s.models)
+    def assignment(self, cid: int) -> int | None:
+        """The client's identity at the round's step: what ``identities`` logs at its end."""
+        return self.W.get(self.s.step, {}).get(cid)
 
     def round_metrics(self, evaluated: bool) -> dict[str, Any]:
         """Model transfers every round; the strategy's own keys once per step."""

@@ -163,16 +163,13 @@ class FedRC(ClusteredStrategy):
             return self.global_eval_task(cid)   # omega yet, so it estimates one as a newcomer
         if not self.params.hard_test:
             return super().eval_task(cid)             # the omega-mixture
-        return Task(models=[self.cluster_label(cid)])  # TeHC: the argmax-omega model
+        return Task(models=[self.assigned_model(cid)])  # TeHC: the argmax-omega model
 
     def global_eval_task(self, cid: int) -> Task | None:
         config: dict[str, Any] = {C.ESTIMATE: True, **self.params.to_message(C.PARAMS)}
         if self.label_correction and self.params.test_use_label_prior:
             config[C.PRIOR] = self.prior.ravel().tolist()
         return Task(models=sorted(self.models), config=config)
-
-    def num_clusters(self) -> int:
-        return len(self.models)
 
     def round_metrics(self) -> dict[str, Any]:
         return {"omega_change": self.omega_change,

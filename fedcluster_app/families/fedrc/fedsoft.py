@@ -80,9 +80,6 @@ class FedSoft(ClusteredStrategy):
             return self.global_eval_task(cid)
         return Task(personal=True)          # local accuracy: the personal model
 
-    def num_clusters(self) -> int:
-        return len(self.models)
-
     def summary_extra(self) -> dict[str, Any]:
         return {"hparams": self.params.to_table()}
 

@@ -176,7 +176,7 @@ class Fielding(ClusteredStrategy):
         params = model.classifier.parameters() if self.params.grad_layers == "last" else model.parameters()
         return int(sum(p.numel() for p in params))
 
-    def cluster_ids(self) -> list[int]:
+    def cluster_models(self) -> list[int]:
         return [m for m in sorted(self.models) if m != self.probe_id]
 
     def on_new_client(self, cid: int) -> None:
@@ -336,7 +336,7 @@ class Fielding(ClusteredStrategy):
         res = core.cluster(pts.x, self.params.metric, self.params.k_min, self.params.k_max, self.params.n_init,
                            seed=[self.cfg.seed, self.round, 0xC1], min_silhouette=self.params.min_silhouette,
                            pts=pts, keep=self.params.n_keep or None)
-        old = self.cluster_ids()
+        old = self.cluster_models()
         if why == "initial" or not old:
             fresh = self.initial_weights()         # every cluster starts from the same x0
             weights = {k: [a.copy() for a in fresh] for k in range(res.k)}
@@ -397,9 +397,6 @@ class Fielding(ClusteredStrategy):
             if self.params.aggregation == "uniform":
                 items = [(w, 1.0) for w, _ in items]
             self.models[mid] = self.aggregate(items)
-
-    def num_clusters(self) -> int:
-        return len([m for m in self.clusters_in_use() if m != self.probe_id])
 
     # ------------------------------------------------------------------ results and state
     def round_metrics(self) -> dict[str, Any]:

@@ -279,6 +279,9 @@ class FlexCFL(ClusteredStrategy):
                 self.models[g] = unflatten(vec, self.models[g])
 
     # -- reporting and state
+    def cluster_models(self) -> list[int]:
+        return sorted(self.group_ids)     # not w0, kept for the cold starts
+
     def round_metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         out.update(self._round)

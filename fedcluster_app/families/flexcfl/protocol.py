@@ -138,6 +138,10 @@ class PaperProtocol(Protocol):
         return Task.min_loss(sorted(m for m in self.s.models if m not in hidden))
 
     # -- reporting and state
+    def models_allocated(self) -> int:
+        # the snapshots and w0 kept for scoring are no clusters
+        return len(set(self.s.cluster_models()) - self.snapshots - {self.eval_w0_id})
+
     def round_metrics(self, evaluated: bool) -> dict[str, Any]:
         out = {**self.comm, **self.s.round_metrics()}
         self.comm = {"models_down": 0, "models_up": 0}

@@ -63,9 +63,6 @@ class IFCA(ClusteredStrategy):
             self.models[mid] = self.aggregate(
                 items if self.weighted else [(w, 1.0) for w, _ in items])
 
-    def num_clusters(self) -> int:
-        return len(self.center_ids)
-
     def active_models(self, step: int) -> list[int] | None:
         return list(self.center_ids)      # every model is on offer every round
 

@@ -3,7 +3,9 @@
 No paper: the lower reference of personalised FL (no collaboration at all).
 
 The model lives in the client's ``context.state`` (the base's "personal model" path, the same
-mechanism FedCCFA's personal classifiers use), so nothing but metrics travels.
+mechanism FedCCFA's personal classifiers use), so nothing but metrics travels. In
+metrics.jsonl every client is a cluster of its own: ``assignments`` maps a client to its own
+id, and ``num_clusters`` and ``models_allocated`` count the personal models.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ class Local(ClusteredStrategy):
     def eval_task(self, cid: int) -> Task | None:
         return Task(personal=True)
 
-    def cluster_label(self, cid: int) -> int | None:
-        return cid
+    def assigned_model(self, cid: int) -> int | None:
+        return cid      # its personal model, named by its client id (module docstring)
 
-    def num_clusters(self) -> int:
-        return len(self.clients)
+    def cluster_models(self) -> list[int]:
+        return self.training_clients()
