@@ -45,6 +45,7 @@ class Protocol:
     def __init__(self) -> None:
         # the ClusteredStrategy it serves (not imported here: the strategy imports protocols)
         self.strategy: Any = None
+        self.eval_clients: list[int] = []    # the clients the last evaluation sampled
 
     def bind(self, strategy: Any) -> None:
         """Called once by the strategy that runs under this protocol."""
@@ -156,7 +157,8 @@ class Protocol:
         mass and, when a step begins, how many clients drifted."""
         s = self.s
         tasks = {}
-        for cid in s.sample(s.training_clients(), s.cfg.fraction_evaluate):
+        self.eval_clients = s.sample(s.training_clients(), s.cfg.fraction_evaluate)
+        for cid in self.eval_clients:
             task = self.eval_task(cid)
             if task is not None:
                 tasks[cid] = task

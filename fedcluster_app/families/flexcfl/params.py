@@ -30,6 +30,11 @@ def eval_model_param() -> Any:
                  "model it last trained from (w0 if none)", choices=EVAL_MODELS)
 
 
+def score_both_param() -> Any:
+    return param(False, "also test every evaluated client under the other eval-model: "
+                 "accuracy_<rule> and weighted_accuracy_<rule> for both rules in metrics.jsonl")
+
+
 @dataclass(frozen=True)
 class ShiftParams(HParams):
     shift_metric: str = param("scipy_counts", "scipy_counts (the paper's code: Wasserstein of "
@@ -60,6 +65,7 @@ class FedGroupParams(SelectionParams):
     rac: bool = param(False, "RAC ablation: newcomers and migrants join a uniformly random "
                       "group (seeded)")
     eval_model: str = eval_model_param()
+    score_both: bool = score_both_param()
 
     def check(self) -> None:
         if self.rcc and self.measure != "edc":
@@ -83,6 +89,7 @@ class FeSEMParams(SelectionParams):
     init: str = param("w0", "a client without a local model: nearest to w0 | min-loss: the "
                       "centre of lowest loss (FedRC's FeSEM)", choices=("w0", "min-loss"))
     eval_model: str = eval_model_param()
+    score_both: bool = score_both_param()
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,7 @@ class FlexIFCAParams(SelectionParams):
     weighted: bool = param(False, "false: unweighted mean per model (the paper); true: by "
                            "num-examples")
     eval_model: str = eval_model_param()
+    score_both: bool = score_both_param()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,9 @@ and FedAvg), so they see the same clients in the same rounds:
   messages, evaluation excluded (the communication the paper reports);
 * scoring (``eval-model``): ``current_group`` tests every client with its group's current model,
   ``last_received`` with the model it last trained from (w0 if none), as the authors' code does
-  (docs/flexcfl.md, D13). Held-out clients never see those snapshots.
+  (docs/flexcfl.md, D13); ``score-both`` tests the same clients under both rules every evaluated
+  round (``accuracy_<rule>``, ``weighted_accuracy_<rule>``), the run itself unchanged. Held-out
+  clients never see those snapshots.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.messages import Reply, Task
-from fedcluster_app.core.protocol import Protocol
+from fedcluster_app.core.protocol import Protocol, weighted_accuracy
 
 
 def num_groups(strategy) -> int:
@@ -55,6 +58,13 @@ class PaperProtocol(Protocol):
     @property
     def eval_model(self) -> str:
         return getattr(self.s.params, "eval_model", "current_group")
+
+    @property
+    def score_both(self) -> bool:
+        return bool(getattr(self.s.params, "score_both", False))
+
+    def keeps_received(self) -> bool:
+        return self.eval_model == "last_received" or self.score_both
 
     # -- selection
     def before_round(self, grid: Grid, step: int) -> None:
@@ -91,7 +101,7 @@ class PaperProtocol(Protocol):
             self.comm["models_down"] += sum(
                 len(t.models) for c, t in tasks.items() if s.clients[c].node_id is not None)
             self.comm["models_up"] += sum(len(r.models) for r in replies)
-        if kind == P.TRAIN and self.eval_model == "last_received":
+        if kind == P.TRAIN and self.keeps_received():
             self._record_received(replies)
 
     def _record_received(self, replies: list[Reply]) -> None:
@@ -124,8 +134,8 @@ class PaperProtocol(Protocol):
             self.eval_w0_id = self.s.new_model(self.s.initial_weights())
         return self.eval_w0_id
 
-    def eval_task(self, cid: int) -> Task | None:
-        if self.eval_model != "last_received":
+    def eval_task(self, cid: int, rule: str = "") -> Task | None:
+        if (rule or self.eval_model) != "last_received":
             return self.s.eval_task(cid)
         rec = self.s.clients[cid]
         if rec.cluster is None or rec.cluster not in self.s.models:
@@ -136,6 +146,21 @@ class PaperProtocol(Protocol):
     def global_eval_task(self, cid: int) -> Task | None:
         hidden = self.snapshots | ({self.eval_w0_id} if self.eval_w0_id is not None else set())
         return Task.min_loss(sorted(m for m in self.s.models if m not in hidden))
+
+    def evaluate(self, grid: Grid, step: int) -> dict[str, Any]:
+        out = super().evaluate(grid, step)
+        if not self.score_both:
+            return out
+        rule = self.eval_model
+        other = "last_received" if rule == "current_group" else "current_group"
+        out[f"accuracy_{rule}"] = out["accuracy"]
+        out[f"weighted_accuracy_{rule}"] = out["weighted_accuracy"]
+        tasks = {c: t for c in self.eval_clients if (t := self.eval_task(c, other)) is not None}
+        replies = self.s.exchange(grid, P.EVALUATE, tasks)
+        accs = [float(r.metrics[P.ACCURACY]) for r in replies]
+        out[f"accuracy_{other}"] = float(np.mean(accs)) if accs else None
+        out[f"weighted_accuracy_{other}"] = weighted_accuracy(replies)
+        return out
 
     # -- reporting and state
     def models_allocated(self) -> int:
