@@ -10,11 +10,17 @@ baseline (TTA(baseline) / TTA(fielding)).
 
     python benchmarks/fielding_buckets.py [--scenarios digits-buckets mixture-buckets] [--seeds 0]
                                             [--rounds-per-step 10] [--local-steps 10]
+                                            [--clients 302 --prox-mu 0.01] [--jsonl FILE]
+
+``--clients`` changes the population (M stays 30% of it unless ``--participants`` says), and
+``--prox-mu`` trains every method with FedProx, as the paper runs them; ``--jsonl`` writes one
+JSON line per run (the raw results of the table).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 from fielding_common import fmt, rounds_to_target, run, time_to_target, window
@@ -29,12 +35,20 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--rounds-per-step", type=int, default=10)
     ap.add_argument("--local-steps", type=int, default=10)
+    ap.add_argument("--clients", type=int, default=0, help="clients (0: the scenario's)")
+    ap.add_argument("--participants", type=int, default=0,
+                    help="M, clients trained per round (0: 30%% of the clients)")
+    ap.add_argument("--prox-mu", type=float, default=0.0, help="FedProx mu for every method")
+    ap.add_argument("--jsonl", default="", help="one JSON line per run")
     args = ap.parse_args()
+    rows = []
     for scenario in args.scenarios:
+        m = args.participants or (round(0.3 * args.clients) if args.clients else M[scenario])
         base = {"rounds-per-step": args.rounds_per_step, "optimizer": "sgd", "lr": 0.1,
                 "local-steps": args.local_steps,
-                "batch-size": 20, "fraction-train": 0.3, "fielding.participants": M[scenario],
-                "auxo.participants": M[scenario]}
+                "batch-size": 20, "fraction-train": 0.3, "fielding.participants": m,
+                "auxo.participants": m, "prox-mu": args.prox_mu,
+                **({"num-clients": args.clients} if args.clients else {})}
         table: dict[str, list] = {}
         for seed in args.seeds:
             runs = {s: run(s, scenario, seed, **base) for s in args.strategies}
@@ -47,6 +61,11 @@ def main() -> None:
                         rounds[-1].get("fielding_reclusters", rounds[-1].get("auxo_splits")),
                         rounds[-1]["num_clusters"], tta_r, tta_s]
                 table.setdefault(s, []).append(vals)
+                rows.append({"scenario": scenario, "strategy": s, "seed": seed,
+                             "clients": summary.get("num_clients"), "participants": m,
+                             "prox_mu": args.prox_mu, "final_acc": vals[0], "mean_acc": vals[1],
+                             "reclusters": vals[2], "k_end": vals[3], "tta_rounds": tta_r,
+                             "tta_sim_s": tta_s, "target": target, "wall_s": round(secs, 1)})
                 print(f"{scenario} seed {seed} {s:10s} final={fmt(vals[0])} mean={fmt(vals[1])} "
                       f"reclusters/splits={vals[2]} K={vals[3]} TTA rounds={fmt(tta_r)} "
                       f"TTA sim s={fmt(tta_s, 1)} target={target:.3f} ({secs:.0f} s)", flush=True)
@@ -63,6 +82,9 @@ def main() -> None:
                   f"| {'/'.join(fmt(v[2]) for v in vals)} | {'/'.join(str(v[3]) for v in vals)} "
                   f"| {'/'.join(fmt(v[4]) for v in vals)} | {'/'.join(fmt(v[5], 1) for v in vals)} "
                   f"| {'/'.join(speed)} |", flush=True)
+    if args.jsonl:
+        with open(args.jsonl, "w") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 if __name__ == "__main__":
