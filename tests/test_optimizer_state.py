@@ -56,11 +56,17 @@ torch.manual_seed(1)
 W0 = _weights(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)))
 
 
-@pytest.mark.parametrize("cfg", [ADAM, SGD_MOMENTUM], ids=["adam", "sgd-momentum"])
-def test_two_rounds_with_a_kept_state_are_one_long_round(cfg):
+def _one_long_round(cfg):
+    """The data, the 20 minibatches, and W0 trained on all of them by one torch optimizer."""
     x, y, b = _data()
     full = _mlp(W0)
     local_train(full, x, y, cfg, None, batches=b)
+    return x, y, b, full
+
+
+@pytest.mark.parametrize("cfg", [ADAM, SGD_MOMENTUM], ids=["adam", "sgd-momentum"])
+def test_two_rounds_with_a_kept_state_are_one_long_round(cfg):
+    x, y, b, full = _one_long_round(cfg)
     state: dict = {}
     first = _mlp(W0)
     local_train(first, x, y, cfg, None, batches=b[:10], optimizer_state=state)
@@ -75,9 +81,7 @@ def test_two_rounds_with_a_kept_state_are_one_long_round(cfg):
 
 @pytest.mark.parametrize("cfg", [ADAM, SGD_MOMENTUM], ids=["adam", "sgd-momentum"])
 def test_the_numpy_kernel_continues_the_same_state_as_torch(cfg):
-    x, y, b = _data()
-    full = _mlp(W0)
-    local_train(full, x, y, cfg, None, batches=b)
+    x, y, b, full = _one_long_round(cfg)
     state: dict = {}
     w1, _ = kernels.numpy_train_many([(W0, x, y, b[:10], state)], cfg)[0]
     if cfg.optimizer == "adam":

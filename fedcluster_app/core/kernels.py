@@ -124,10 +124,10 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     wd, lr = float(cfg.weight_decay), float(cfg.lr)
     states = [job[4] if len(job) > 4 else None for job in jobs]
-    t0 = np.zeros(M, dtype=np.int64)            # optimizer steps taken before this call
-    for k, state in enumerate(states):
-        if state:
-            t0[k] = _load_state(state, adam, shapes, m[k], v[k], vmax[k])
+    kept = np.array([bool(state) for state in states])   # rows that continue an optimizer
+    t0 = np.zeros(M, dtype=np.int64)            # Adam steps taken before this call
+    for k in np.flatnonzero(kept):
+        t0[k] = _load_state(states[k], adam, shapes, m[k], v[k], vmax[k])
     t = 0
     for step, bsz in enumerate(sizes):
         if bsz == 0:
@@ -178,13 +178,12 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
             tmp *= c1
             flat -= tmp
         elif cfg.momentum:   # torch.optim.SGD: the first step's buffer is the gradient itself
-            if t == 1 and not t0.any():
+            if t == 1 and not kept.any():
                 m[...] = grad
             elif t == 1:
-                fresh = t0 == 0
-                m[fresh] = grad[fresh]
-                m[~fresh] *= cfg.momentum
-                m[~fresh] += grad[~fresh]
+                m[~kept] = grad[~kept]
+                m[kept] *= cfg.momentum
+                m[kept] += grad[kept]
             else:
                 m *= cfg.momentum
                 m += grad
@@ -209,13 +208,13 @@ _ADAM = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 def _load_state(state: dict, adam: bool, shapes: list, m: np.ndarray, v: np.ndarray,
                 vmax: np.ndarray) -> int:
     """Fill one job's rows of the optimizer buffers from ``state`` (torch's names, per
-    parameter); returns the optimizer steps already taken."""
+    parameter); returns the Adam steps already taken (SGD keeps no count: 0)."""
     names = _ADAM if adam else ("momentum_buffer",)
     rows = (m, v, vmax) if adam else (m,)
     for name, row in zip(names, rows):
         row[...] = np.concatenate([np.asarray(state[f"{i}.{name}"], dtype=np.float64).ravel()
                                    for i in range(len(shapes))])
-    return int(np.asarray(state.get("0.step", 1 if not adam else 0)))
+    return int(np.asarray(state["0.step"])) if adam else 0
 
 
 def _store_state(state: dict, adam: bool, momentum: float, shapes: list, offsets: np.ndarray,

@@ -165,7 +165,7 @@ class Protocol:
         replies = s.exchange(grid, P.EVALUATE, tasks)
         accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
         out: dict[str, Any] = {
-            "accuracy": float(np.mean(list(accs.values()))) if accs else None,
+            "accuracy": mean_accuracy(replies),
             "weighted_accuracy": weighted_accuracy(replies),
             "evaluated_clients": len(accs),
         }
@@ -193,7 +193,7 @@ class Protocol:
         replies = s.exchange(grid, P.EVALUATE, tasks)
         accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
         return {
-            "global_accuracy": float(np.mean(list(accs.values()))) if accs else None,
+            "global_accuracy": mean_accuracy(replies),
             "global_client_accuracy": {str(c): round(a, 5) for c, a in accs.items()},
         }
 
@@ -216,6 +216,12 @@ def adjusted_rand(truth: list[int], labels: list[int | None]) -> float:
     from sklearn.metrics import adjusted_rand_score
 
     return float(adjusted_rand_score(truth, [-1 if m is None else m for m in labels]))
+
+
+def mean_accuracy(replies: list[Reply]) -> float | None:
+    """The mean of the clients' accuracies (each client counts once)."""
+    accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
+    return float(np.mean(list(accs.values()))) if accs else None
 
 
 def weighted_accuracy(replies: list[Reply]) -> float | None:

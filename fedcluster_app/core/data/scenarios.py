@@ -203,11 +203,11 @@ def _family(d: ScenarioDef, num_classes: int = 10, image: bool = True) -> _Famil
     if d.data == "circle":
         return _Family(list(CIRCLE_CONCEPTS), ["A", "B"], _first_half, lambda k: 1)
     if d.data == "sea":     # variant "2" / "4", or "2-authors" / "4-authors"
-        n, _, authors = d.variant.partition("-")
-        names = "ABCD"[: int(n)]
+        count, _, authors = d.variant.partition("-")
+        n = int(count)
+        names = "ABCD"[:n]
         thresholds = SEA_THRESHOLDS_AUTHORS if authors else SEA_THRESHOLDS
         concepts = [SeaConcept(t, 0.10, name) for t, name in zip(thresholds, names)]
-        n = int(n)
         target = (lambda k: 1) if n == 2 else (lambda k: 1 + k % 3)
         return _Family(list(concepts), list(names), _first_half, target)
     if d.data == "river":

@@ -22,13 +22,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.messages import Reply, Task
-from fedcluster_app.core.protocol import Protocol, weighted_accuracy
+from fedcluster_app.core.protocol import Protocol, mean_accuracy, weighted_accuracy
 
 
 def num_groups(strategy) -> int:
@@ -157,8 +156,7 @@ class PaperProtocol(Protocol):
         out[f"weighted_accuracy_{rule}"] = out["weighted_accuracy"]
         tasks = {c: t for c in self.eval_clients if (t := self.eval_task(c, other)) is not None}
         replies = self.s.exchange(grid, P.EVALUATE, tasks)
-        accs = [float(r.metrics[P.ACCURACY]) for r in replies]
-        out[f"accuracy_{other}"] = float(np.mean(accs)) if accs else None
+        out[f"accuracy_{other}"] = mean_accuracy(replies)
         out[f"weighted_accuracy_{other}"] = weighted_accuracy(replies)
         return out
 
