@@ -28,8 +28,8 @@ class ScenarioDef:
     name: str
     description: str
     data: str  # sine | circle | sea | river | mixture | digits | mnist | fashion-mnist | cifar10
-    # sea: "2"/"4"; river: stagger/agrawal/hyperplane/rbf/rbf-drift; mixture: swap/prior;
-    # images: static/swap/rotate/noise
+    # sea: "2"/"4"; river: stagger/agrawal/hyperplane/rbf/rbf-drift; mixture: swap/prior/
+    # noise/mix; class pools: POOL_VARIANTS
     variant: str
     schedule: str  # a bundled schedule name ("Y", "F") or a drift pattern
     num_clients: int = 10
@@ -66,6 +66,13 @@ def _defs() -> dict[str, ScenarioDef]:
         ScenarioDef("mixture-prior", "Gaussian 4-class mixture in 8-d; label shift: clients 0-4 put 90% "
              "of their data on classes 0-1 from step 3", "mixture", "prior", "sudden",
              samples=200, test_samples=100),
+        ScenarioDef("mixture-noise", "Gaussian 4-class mixture in 8-d; feature shift: clients 0-4 "
+             "get additive Gaussian noise (std 1) from step 3", "mixture", "noise", "sudden",
+             samples=200, test_samples=100),
+        ScenarioDef("mixture-mix", "Gaussian 4-class mixture in 8-d; label, feature and concept "
+             "shift mixed: of clients 0-4, 0 and 3 put 90% of their data on classes 0-1, 1 and 4 "
+             "get additive Gaussian noise (std 1), 2 relabels y -> (y+1) % 4, from step 3",
+             "mixture", "mix", "sudden", samples=200, test_samples=100),
         # River's synthetic streams (river_streams.py); concepts and targets: module docstring
         ScenarioDef("stagger3", "STAGGER (River): 3 boolean rules on one-hot size/colour/shape "
              "(9-d), balanced classes; clients 0-4 switch to rule 1 + k % 2 at step 3", "river",
@@ -100,7 +107,7 @@ def _defs() -> dict[str, ScenarioDef]:
                  "by 90 degrees from step 3", data, "rotate", "sudden", **common),
             ScenarioDef(f"{prefix}-noise", f"{label}; feature shift: even clients get additive "
                  "Gaussian noise (std 0.5) from step 3", data, "noise", "sudden", **common),
-            *_pool_variants(prefix, label, data, ("permute", "prior"), **common),
+            *_pool_variants(prefix, label, data, ("permute", "prior", "mix"), **common),
         ]
     # a user's dataset (run-config key `dataset`) and the tables River ships (sources.py)
     out += _pool_variants("dataset", "your dataset (run-config key dataset)", "dataset",
@@ -113,7 +120,7 @@ def _defs() -> dict[str, ScenarioDef]:
 
 
 #: the realisations of every class pool (swap needs >= 7 classes, rotate needs images)
-POOL_VARIANTS = ("static", "swap", "permute", "rotate", "noise", "prior")
+POOL_VARIANTS = ("static", "swap", "permute", "rotate", "noise", "prior", "mix")
 #: River's bundled classification tables: (description, number of classes)
 RIVER_TABLE_POOLS = {
     "ImageSegments": ("River's ImageSegments table (7 classes, 18 features)", 7),
@@ -129,6 +136,9 @@ _VARIANT_TEXT = {
     "noise": "feature shift: even clients get additive Gaussian noise (std 0.5) from step 3",
     "prior": "label shift: the first half of the clients put 90% of their data on the first "
              "half of the classes from step 3",
+    "mix": "label, feature and concept shift mixed: of the first half of the clients, those with "
+           "k % 3 = 0 put 90% of their data on the first half of the classes, k % 3 = 1 get "
+           "additive Gaussian noise (std 0.5), k % 3 = 2 relabel y -> (y+1) % C, from step 3",
 }
 
 
