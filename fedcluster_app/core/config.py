@@ -193,6 +193,7 @@ class RunConfig:
     fraction_train: float
     fraction_evaluate: float
     eval_every: int
+    score_next_step: bool
     num_clusters: int
     min_nodes: int
     node_wait_s: float

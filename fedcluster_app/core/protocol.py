@@ -23,11 +23,27 @@ account for every message. The same algorithm class can therefore run under seve
 Other protocols subclass it: FedDrift's time-step protocol (``families/feddrift/protocol.py``:
 history per (step, client), test on the next step) and FlexCFL's paper protocol
 (``families/flexcfl/protocol.py``: its client selection and scoring rule).
+
+One scoring rule for every protocol (run-config ``score-next-step = true``), on top of each
+protocol's own metrics, which it leaves as they are: ``accuracy_current`` (and
+``client_accuracy_current``), every evaluated round, the mean over the evaluated clients of their
+accuracy on the *current* step's held-out test split with the model they use now (here: equal
+to ``accuracy``); ``accuracy_next`` (``client_accuracy_next``, ``next_step`` = t + 1), at the
+last round of every step t < the scenario's last, the same clients with the model they hold at
+the end of step t on step t+1's held-out test split, before anything of step t+1 (begin_step,
+re-clustering, drift detection) runs: what a drift costs before a method can react. The last
+round of every step is then evaluated whatever ``eval-every`` says. :meth:`Protocol.score` is
+the one place a set of (client -> task) is scored on a given step; the scoring exchanges are not
+counted in ``bytes_up`` / ``bytes_down`` or a protocol's own accounting, and a round evaluated
+only for the rule samples its clients with a generator of its own, so training is unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -46,6 +62,7 @@ class Protocol:
         # the ClusteredStrategy it serves (not imported here: the strategy imports protocols)
         self.strategy: Any = None
         self.eval_clients: list[int] = []    # the clients the last evaluation sampled
+        self._scoring_only = 0               # > 0: inside exchanges made only to score
 
     def bind(self, strategy: Any) -> None:
         """Called once by the strategy that runs under this protocol."""
@@ -68,8 +85,23 @@ class Protocol:
         """Round ``server_round`` is the first of its time step."""
         return server_round == 1 or self.time_step(server_round - 1) != self.time_step(server_round)
 
-    def evaluates(self, server_round: int) -> bool:
+    def ends_step(self, server_round: int) -> bool:
+        """Round ``server_round`` is the last of its time step."""
+        return self.starts_step(server_round + 1)
+
+    def scheduled(self, server_round: int) -> bool:
+        """The protocol's own evaluation schedule: every ``eval-every`` rounds and the last."""
         return server_round % self.s.cfg.eval_every == 0 or server_round == self.s.num_rounds
+
+    def evaluates(self, server_round: int) -> bool:
+        """The schedule, and with ``score-next-step`` every step's last round too."""
+        return self.scheduled(server_round) or (self.scores_next_step
+                                                and self.ends_step(server_round))
+
+    @property
+    def scores_next_step(self) -> bool:
+        """The run-config ``score-next-step``: the common scoring rule (module docstring)."""
+        return bool(self.s.cfg.score_next_step)
 
     # ------------------------------------------------------------------ hooks of the loop
     def start_round(self, server_round: int) -> None:
@@ -151,17 +183,30 @@ class Protocol:
     def global_eval_task(self, cid: int) -> Task | None:
         return self.s.global_eval_task(cid)
 
+    def sample_eval_clients(self) -> list[int]:
+        """``fraction-evaluate`` of the training clients; a round evaluated only for
+        ``score-next-step`` draws them from a generator of its own (seed, round), so the
+        strategy's generator, and with it training, is what it is without the flag."""
+        s = self.s
+        if self.scheduled(s.round):
+            return s.sample(s.training_clients(), s.cfg.fraction_evaluate)
+        rng = np.random.default_rng([s.cfg.seed, 0x5C07E, s.round])
+        return s.sample(s.training_clients(), s.cfg.fraction_evaluate, rng=rng)
+
     def evaluate(self, grid: Grid, step: int) -> dict[str, Any]:
         """Local accuracy of the participating clients (each on its own cluster's model or
         mixture), then global accuracy of the held-out clients, the ARI, the concept-by-cluster
-        mass and, when a step begins, how many clients drifted."""
+        mass and, when a step begins, how many clients drifted; with ``score-next-step`` the
+        common rule's keys (module docstring)."""
         s = self.s
         tasks = {}
-        self.eval_clients = s.sample(s.training_clients(), s.cfg.fraction_evaluate)
+        self.eval_clients = self.sample_eval_clients()
         for cid in self.eval_clients:
             task = self.eval_task(cid)
             if task is not None:
                 tasks[cid] = task
+        # for the next step's score: the same tasks, sent again
+        kept = {c: copy_task(t) for c, t in tasks.items()} if self.scores_next_step else {}
         replies = s.exchange(grid, P.EVALUATE, tasks)
         accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
         out: dict[str, Any] = {
@@ -171,6 +216,9 @@ class Protocol:
         }
         if len(accs) <= 200:
             out["client_accuracy"] = {str(c): round(a, 5) for c, a in accs.items()}
+        if self.scores_next_step:
+            out.update(score_keys("current", out["accuracy"], accs))
+            out.update(self.score_next(grid, step, kept))
         if s.holdouts:
             out.update(self.evaluate_holdouts(grid))
         truth = {c: s.concept_for_metrics(c, step) for c in accs}
@@ -185,6 +233,53 @@ class Protocol:
                 out["drifted_clients"] = sum(
                     1 for c in truth if before[c] is not None and before[c] != truth[c])
         return out
+
+    # ------------------------------------------------------------------ the common scoring rule
+    @contextlib.contextmanager
+    def scoring_only(self) -> Iterator[None]:
+        """Exchanges inside are made only to score (``score-next-step``): they are left out of
+        the round's ``bytes_up`` / ``bytes_down`` and of the protocol's ``on_exchange``
+        accounting (the strategy skips it), so the run's other numbers stay as without it."""
+        stats = self.s._round_stats
+        saved = (stats["bytes_up"], stats["bytes_down"])
+        self._scoring_only += 1
+        try:
+            yield
+        finally:
+            self._scoring_only -= 1
+            stats["bytes_up"], stats["bytes_down"] = saved
+
+    @property
+    def in_scoring_only(self) -> bool:
+        return self._scoring_only > 0
+
+    def score(self, grid: Grid, tasks: dict[int, Task], test_step: int, *,
+              split: str = "test", kind: str = P.EVALUATE,
+              counted: bool = False) -> tuple[float | None, dict[int, float]]:
+        """Score every client's task (the model it is scored with, as its protocol sends it) on
+        the ``split`` ("test": the held-out split, "train": the training batch) of step
+        ``test_step``: (the mean over the clients that answered, client -> accuracy). The
+        tasks are sent as ``kind`` messages (a family's evaluate handler, an ensemble's); every
+        handler reads its data through ``StreamClient.eval_data``, which honours ``test-step``
+        and ``test-split``, so a personalised model kept on the client is scored the same way.
+        ``counted=False``: an exchange only the scoring rule makes (:meth:`scoring_only`)."""
+        for task in tasks.values():
+            task.config[P.TEST_STEP] = int(test_step)
+            task.config[P.TEST_SPLIT] = split
+        with contextlib.nullcontext() if counted else self.scoring_only():
+            replies = self.s.exchange(grid, kind, tasks)
+        accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies if P.ACCURACY in r.metrics}
+        return (float(np.mean(list(accs.values()))) if accs else None), accs
+
+    def score_next(self, grid: Grid, step: int, tasks: dict[int, Task],
+                   kind: str = P.EVALUATE) -> dict[str, Any]:
+        """At the last round of step ``step`` (if a step follows): ``accuracy_next``,
+        ``client_accuracy_next`` and ``next_step`` of ``tasks`` (the models the clients hold
+        now) on step + 1's held-out test split; {} on any other round."""
+        if not (self.ends_step(self.s.round) and step < self.s.exp.scenario.num_steps):
+            return {}
+        mean, accs = self.score(grid, tasks, step + 1, kind=kind)
+        return {**score_keys("next", mean, accs), "next_step": step + 1}
 
     def evaluate_holdouts(self, grid: Grid) -> dict[str, Any]:
         s = self.s
@@ -208,6 +303,20 @@ class Protocol:
             for mid, w in sorted(weights.items()):
                 row[str(mid)] = round(row.get(str(mid), 0.0) + float(w), 6)
         return mass
+
+
+def copy_task(task: Task) -> Task:
+    """A task that can be sent again: its own lists and config."""
+    return dataclasses.replace(task, models=list(task.models), config=dict(task.config),
+                               train_ids=None if task.train_ids is None else list(task.train_ids))
+
+
+def score_keys(which: str, mean: float | None, accs: dict[int, float]) -> dict[str, Any]:
+    """``accuracy_<which>`` and (for at most 200 clients) ``client_accuracy_<which>``."""
+    out: dict[str, Any] = {f"accuracy_{which}": mean}
+    if len(accs) <= 200:
+        out[f"client_accuracy_{which}"] = {str(c): round(a, 5) for c, a in sorted(accs.items())}
+    return out
 
 
 def adjusted_rand(truth: list[int], labels: list[int | None]) -> float:

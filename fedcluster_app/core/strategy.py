@@ -33,6 +33,7 @@ hyper-parameters (``Params``, read from the run-config table ``[tool.flwr.app.co
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import traceback
@@ -349,11 +350,14 @@ class ClusteredStrategy(Strategy):
         pass
 
     # ------------------------------------------------------------------ helpers for hooks
-    def sample(self, cids: list[int], fraction: float) -> list[int]:
+    def sample(self, cids: list[int], fraction: float,
+               rng: np.random.Generator | None = None) -> list[int]:
+        """``fraction`` of ``cids`` (at least one), drawn with the run's generator (or ``rng``)."""
         if fraction >= 1.0 or not cids:
             return list(cids)
         k = max(1, math.ceil(fraction * len(cids)))
-        return sorted(int(c) for c in self.rng.choice(cids, size=k, replace=False))
+        rng = self.rng if rng is None else rng
+        return sorted(int(c) for c in rng.choice(cids, size=k, replace=False))
 
     def aggregate(self, items: list[tuple[Weights, float]]) -> Weights:
         """Average client updates ``(weights, num-examples)`` into one model: the weighted mean,
@@ -444,7 +448,8 @@ class ClusteredStrategy(Strategy):
                 self._fail(cid, f"no {wire_kind} reply within {self.round_timeout:.0f} s")
         out = sorted(out, key=lambda r: r.cid)  # order fixed: aggregation sums are reproducible
         self._bound_updates(out, norms)
-        self.protocol.on_exchange(kind, tasks, out)
+        if not self.protocol.in_scoring_only:   # score-next-step's own exchanges: not accounted
+            self.protocol.on_exchange(kind, tasks, out)
         return out
 
     def _check_scale(self, reply: Reply, scales: dict[int, float]) -> dict[tuple[int, int], float]:
@@ -687,9 +692,10 @@ class ClusteredStrategy(Strategy):
             rnd = r["round"]
             out.train_metrics_clientapp[rnd] = numbers(
                 r, ("trained_clients", "bytes_up", "bytes_down", "failures"))
-            if r.get("accuracy") is not None:
+            if r.get("accuracy") is not None or r.get("accuracy_current") is not None:
                 out.evaluate_metrics_clientapp[rnd] = numbers(
-                    r, ("accuracy", "weighted_accuracy", "global_accuracy", "ari", "acc_omit"))
+                    r, ("accuracy", "weighted_accuracy", "global_accuracy", "ari", "acc_omit",
+                        "accuracy_current", "accuracy_next", "next_step"))
             if r.get("server_evaluation"):
                 out.evaluate_metrics_serverapp[rnd] = MetricRecord(
                     {f"model{mid}.{k}": v for mid, m in r["server_evaluation"].items()
@@ -785,8 +791,11 @@ class ClusteredStrategy(Strategy):
             record: dict[str, Any] = {"round": rnd, "time_step": step}
             evaluated = self.protocol.evaluates(rnd)
             if evaluated:
-                record.update(self.protocol.evaluate(grid, step))
-                if record.get("accuracy") is None:
+                # a round evaluated only for score-next-step: its exchanges are not accounted
+                with (contextlib.nullcontext() if self.protocol.scheduled(rnd)
+                      else self.protocol.scoring_only()):
+                    record.update(self.protocol.evaluate(grid, step))
+                if record.get("accuracy") is None and record.get("accuracy_current") is None:
                     self._unevaluated_rounds.append(rnd)
             else:
                 record.update(accuracy=None)

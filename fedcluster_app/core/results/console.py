@@ -37,8 +37,9 @@ def format_round_line(record: dict, total_rounds: int) -> str:
 
     Parts whose value is missing or null are left out; ``drift <n>`` and ``fail <n>`` appear
     only when positive; ``clusters`` counts the clusters in use, followed by ``(<n> models)``
-    when the server holds another number of models. ``total_rounds`` <= 0 or None leaves out
-    the ``/total``.
+    when the server holds another number of models; with ``score-next-step``, ``current``
+    (where it is not ``acc``) and ``next``. ``total_rounds`` <= 0 or None leaves out the
+    ``/total``.
     """
     record = {k: _scalar(v) for k, v in record.items()}
     rnd = record.get("round")
@@ -56,6 +57,12 @@ def format_round_line(record: dict, total_rounds: int) -> str:
     acc = record.get("accuracy")
     if is_number(acc) and math.isfinite(acc):
         parts.append(f"acc {acc:.3f}")
+    current = record.get("accuracy_current")   # score-next-step: where it is not ``accuracy``
+    if is_number(current) and math.isfinite(current) and current != acc:
+        parts.append(f"current {current:.3f}")
+    nxt = record.get("accuracy_next")
+    if is_number(nxt) and math.isfinite(nxt):
+        parts.append(f"next {nxt:.3f}")
     glob = record.get("global_accuracy")
     if is_number(glob) and math.isfinite(glob):
         parts.append(f"global {glob:.3f}")

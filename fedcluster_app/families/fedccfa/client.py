@@ -16,8 +16,10 @@ Message kinds:
 * ``query.fedccfa_eval``: the same pending results are applied; the client is tested with the
   global extractor + its personal classifier (FedCCFA, FedRep), after fine-tuning (FedBABU), or
   with the model sent (Flash). Replies ``accuracy`` (its own test split of the current step: the
-  paper's personalised accuracy) and ``gen-accuracy`` (the entire test pool relabelled with the
-  client's current concept: the paper's generalised accuracy).
+  paper's personalised accuracy; another step's with ``test-step``, e.g. the next one under
+  ``score-next-step``, the fine-tuning of FedBABU still on the current step) and
+  ``gen-accuracy`` (the entire test pool relabelled with the client's current concept: the
+  paper's generalised accuracy; only when scored on the current step's test split).
 
 Persistent memory lives in ``context.state`` only (it survives between rounds, also when the
 client is not sampled, in simulation and deployment): the personal classifier, the anchor set,
@@ -365,11 +367,13 @@ def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarr
         _train_full(model, model.parameters(), as_tensor(x, device=client.device),
                     as_tensor(y, np.int64, client.device), rng,
                     p.batch_size, p.ft_epochs, p.ft_lr, p)
-    x, y = client.test_data(step)
+    x, y = client.eval_data(config)   # the current step's test split, or test-step / test-split
     loss, acc = _accuracy(model, x, y)
     metrics: dict[str, Any] = {P.LOSS: loss, P.NUM_EXAMPLES: int(len(y)), P.ACCURACY: acc}
-    gen = general_test_set(client.exp.scenario, client.concept(step))
-    if gen is not None:
+    scored_now = (int(config.get(P.TEST_STEP, step)) == step
+                  and config.get(P.TEST_SPLIT, "test") == "test")
+    gen = general_test_set(client.exp.scenario, client.concept(step)) if scored_now else None
+    if gen is not None:   # the paper's generalised accuracy: of the current step only
         metrics[GEN_ACCURACY] = _accuracy(model, *gen)[1]
     return metrics, {}, {}
 

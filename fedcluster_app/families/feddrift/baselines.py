@@ -284,13 +284,11 @@ class _Ensemble(TimeStepStrategy):
         """(model ids, their weights, extra config) of this step's vote."""
         raise NotImplementedError
 
-    def evaluate_step(self, grid: Grid, tau: int) -> dict[int, float]:
+    def step_eval_tasks(self, tau: int) -> tuple[str, dict[int, Task]]:
+        """Every client scores this step's weighted vote (the protocol adds the data)."""
         ids, weights, extra = self.voters()
-        cfg = {P.STEP: tau + 1, P.TEST_STEP: tau + 1, P.TEST_SPLIT: "train",
-               ENS_WEIGHTS: weights, ENS_VOTE: self.vote, **extra}
-        replies = self.exchange(grid, ENSEMBLE_KIND, {c: Task(models=ids, config=dict(cfg))
-                                                      for c in sorted(self.clients)})
-        return {r.cid: float(r.metrics[P.ACCURACY]) for r in replies if P.ACCURACY in r.metrics}
+        cfg = {ENS_WEIGHTS: weights, ENS_VOTE: self.vote, **extra}
+        return ENSEMBLE_KIND, {c: Task(models=ids, config=dict(cfg)) for c in sorted(self.clients)}
 
 
 class AUE(_Ensemble):

@@ -30,6 +30,15 @@ computed from the ground truth kept for metrics, never used by the algorithms),
 ``models_down`` / ``models_up`` (model transfers), and ``assignments`` = the identities of the
 round's step so far (``num_clusters`` counts the distinct ones, ``models_allocated`` the models
 alive). The summary adds ``acc_omit``, ``acc_include`` and totals.
+
+The common scoring rule (``score-next-step = true``, core/protocol.py) adds, with the same
+models as the paper's metric (each client's model of the step, or the strategy's ensemble vote:
+the tasks of :meth:`TimeStepProtocol.step_tasks`) but on held-out test splits, as every other
+protocol scores: ``accuracy_current`` every ``eval-every`` rounds (not only at a step's last
+round, so a drift's drop and the recovery within a step show), on the current step's test
+split, and at the last round of step t ``accuracy_next`` on step t+1's test split (where the
+paper's ``accuracy`` uses step t+1's training batch). The paper's metrics are unchanged; the
+rounds evaluated only for the rule log ``accuracy`` = null and no per-step keys.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from flwr.serverapp import Grid
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.messages import Reply, Task
-from fedcluster_app.core.protocol import Protocol, adjusted_rand
+from fedcluster_app.core.protocol import Protocol, adjusted_rand, copy_task, score_keys
 from fedcluster_app.core.strategy import ClusteredStrategy
 from fedcluster_app.families.feddrift.wire import ERROR_RATES, PROBE_KIND, TRAIN_KIND
 
@@ -86,6 +95,13 @@ class TimeStepProtocol(Protocol):
             raise ConfigError(
                 f"{strategy.name} needs at least 2 time steps (the last one is test-only), "
                 f"scenario {sc.name!r} has {sc.num_steps}")
+        if (strategy.cfg.score_next_step and hasattr(strategy, "evaluate_step")
+                and not hasattr(strategy, "step_eval_tasks")):
+            raise ConfigError(
+                f"score-next-step: {strategy.name} scores its clients with its own evaluate_step, "
+                f"which the common rule cannot point at another step's test split; give it "
+                f"step_eval_tasks(tau) -> (message kind, client -> Task) instead (see "
+                f"TimeStepProtocol.step_tasks)")
 
     @property
     def T(self) -> int:
@@ -99,8 +115,14 @@ class TimeStepProtocol(Protocol):
     def num_rounds(self) -> int:
         return self.T * self.R
 
-    def evaluates(self, server_round: int) -> bool:
+    def scheduled(self, server_round: int) -> bool:
+        """One evaluation per step, at its last round."""
         return server_round % self.R == 0
+
+    def evaluates(self, server_round: int) -> bool:
+        """The step's last round; with ``score-next-step`` also every ``eval-every`` rounds."""
+        return self.scheduled(server_round) or (
+            self.scores_next_step and server_round % self.s.cfg.eval_every == 0)
 
     # ------------------------------------------------------------------ the identity table
     def train_steps(self, tau: int) -> list[int]:
@@ -236,26 +258,49 @@ class TimeStepProtocol(Protocol):
         m = self.W.get(tau, {}).get(cid)
         return m if m in self.s.models else None
 
-    def evaluate_step(self, grid: Grid, tau: int) -> dict[int, float]:
-        """Each client's model of step ``tau`` on its training batch of step ``tau + 1``."""
-        cfg = {P.STEP: tau + 1, P.TEST_STEP: tau + 1, P.TEST_SPLIT: "train"}
+    def step_tasks(self, tau: int) -> tuple[str, dict[int, Task]]:
+        """What scores the clients at step ``tau``: the message kind and every client's task
+        (the models, the vote), without the data to test on. A strategy with its own rule says
+        so with ``step_eval_tasks(tau)`` (AUE's and KUE's ensembles); by default each client's
+        model of step ``tau`` (its identity W[tau, c])."""
+        own = getattr(self.s, "step_eval_tasks", None)
+        if own is not None:
+            return own(tau)
         tasks = {}
         for cid in sorted(self.s.clients):
             m = self.inference_model(cid, tau)
             if m is not None:
-                tasks[cid] = Task(models=[m], config=dict(cfg))
-        replies = self.s.exchange(grid, P.EVALUATE, tasks)
-        return {r.cid: float(r.metrics[P.ACCURACY]) for r in replies if P.ACCURACY in r.metrics}
+                tasks[cid] = Task(models=[m])
+        return P.EVALUATE, tasks
+
+    def evaluate_step(self, grid: Grid, tau: int) -> dict[int, float]:
+        """The paper's score: :meth:`step_tasks` on each client's training batch of step
+        ``tau + 1``."""
+        kind, tasks = self.step_tasks(tau)
+        for task in tasks.values():
+            task.config[P.STEP] = tau + 1
+        return self.score(grid, tasks, tau + 1, split="train", kind=kind, counted=True)[1]
 
     def evaluate(self, grid: Grid, step: int) -> dict[str, Any]:
-        evaluate = getattr(self.s, "evaluate_step", None) or self.evaluate_step
-        accs = evaluate(grid, step)
-        self.step_acc[step] = accs
-        rec = self.step_metrics(step, accs)
-        self.step_log.append({"step": step, **{k: v for k, v in rec.items()
-                                               if k not in ("client_accuracy", "identities")}})
-        self.events = _fresh_events()
+        rec: dict[str, Any] = {"accuracy": None}
+        if self.scheduled(self.s.round):
+            evaluate = getattr(self.s, "evaluate_step", None) or self.evaluate_step
+            accs = evaluate(grid, step)
+            self.step_acc[step] = accs
+            rec = self.step_metrics(step, accs)
+            self.step_log.append({"step": step, **{k: v for k, v in rec.items()
+                                                   if k not in ("client_accuracy", "identities")}})
+            self.events = _fresh_events()
+        if self.scores_next_step:
+            rec.update(self.score_common(grid, step))
         return rec
+
+    def score_common(self, grid: Grid, step: int) -> dict[str, Any]:
+        """The common rule's keys (module docstring) with the tasks of :meth:`step_tasks`."""
+        kind, tasks = self.step_tasks(step)
+        kept = {c: copy_task(t) for c, t in tasks.items()}
+        return {**score_keys("current", *self.score(grid, tasks, step, kind=kind)),
+                **self.score_next(grid, step, kept, kind=kind)}
 
     def step_metrics(self, tau: int, accs: dict[int, float]) -> dict[str, Any]:
         s = self.s
@@ -298,7 +343,9 @@ class TimeStepProtocol(Protocol):
         """Model transfers every round; the strategy's own keys once per step."""
         for k, v in self.transfers.items():
             self.transfer_totals[k] += v
-        return {**self.transfers, **(self.s.round_metrics() if evaluated else {})}
+        # once per step, at its evaluation (not on rounds evaluated only for score-next-step)
+        at_end = evaluated and self.scheduled(self.s.round)
+        return {**self.transfers, **(self.s.round_metrics() if at_end else {})}
 
     def summary_extra(self) -> dict[str, Any]:
         truth_at = self.s.concept_for_metrics

@@ -15,6 +15,11 @@ and FedAvg), so they see the same clients in the same rounds:
   (docs/flexcfl.md, D13); ``score-both`` tests the same clients under both rules every evaluated
   round (``accuracy_<rule>``, ``weighted_accuracy_<rule>``), the run itself unchanged. Held-out
   clients never see those snapshots.
+
+The common scoring rule (``score-next-step = true``, core/protocol.py) is the base's, under the
+``eval-model`` rule: ``accuracy_current`` is ``accuracy`` (the same clients, the model that rule
+gives them), and at the last round of step t ``accuracy_next`` scores those clients and models
+on step t+1's held-out test split.
 """
 
 from __future__ import annotations
