@@ -9,6 +9,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from fedcluster_app.bench import command as bench_command
 from fedcluster_app.core.config import (
     ConfigError,
     default_run_config,
@@ -109,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
                      "(default: fedavg or fedprox runs of the same scenario and seed)")
     rep.add_argument("--target", type=float, help="target accuracy (default: the baseline's "
                      "final accuracy)")
+    bench_command.add_parser(sub)
     return p
 
 
@@ -373,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     try:
         commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report,
-                    "deploy": cmd_deploy, "certs": cmd_certs, "keys": cmd_keys}
+                    "deploy": cmd_deploy, "certs": cmd_certs, "keys": cmd_keys,
+                    "bench": lambda a: bench_command.run(a, argv if argv is not None
+                                                         else sys.argv[1:])}
         return commands[args.command](args)
     except (ConfigError, ValueError, FileNotFoundError, FileExistsError) as ex:
         print(f"fedcluster: error: {ex}", file=sys.stderr)

@@ -113,8 +113,10 @@ def test_a_family_imports_only_the_core_and_the_foundation(graph):
 
 
 def test_no_server_side_module_reaches_a_client_side_one(graph):
-    # the in-process engine and the command line host both sides in one process: neither side
-    hosts = {"fedcluster_app.engine", "fedcluster_app.cli"}
+    # the in-process engine, the command line and the bench (which runs experiments through the
+    # engine) host both sides in one process: neither side
+    hosts = {"fedcluster_app.engine", "fedcluster_app.cli", "fedcluster_app.bench.runner",
+             "fedcluster_app.bench.command"}
     client_side = {m for m in graph if m.endswith(".client") or m.endswith("client_app")
                    or m in ("fedcluster_app.core.handlers", "fedcluster_app.core.stream_client")}
     server_side = {m for m in graph if m in ("fedcluster_app.server_app", "fedcluster_app.api")

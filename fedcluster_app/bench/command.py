@@ -1,0 +1,111 @@
+"""``fedcluster bench``: build the matrix, run what is missing, write the leaderboard."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import time
+from pathlib import Path
+
+from fedcluster_app.bench import matrix as M
+from fedcluster_app.core.atomic import atomic_write_bytes
+
+EPILOG = """\
+examples:
+  fedcluster bench --quick                      # a smoke matrix in a few minutes
+  fedcluster bench --workers 2                  # the full matrix (resumable: run it again to go on)
+  fedcluster bench --datasets digits --strategies fedavg ifca fielding --seeds 0 1 2
+  fedcluster bench --report docs/benchmark.md   # where the leaderboard goes (default)
+"""
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="run the benchmark matrix and write its leaderboard",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--quick", action="store_true",
+                   help=f"the smoke matrix: {', '.join(M.QUICK['datasets'])}, shifts "
+                        f"{', '.join(M.QUICK['shifts'])}, strategies "
+                        f"{', '.join(M.QUICK['strategies'])}, one seed, shorter runs")
+    b.add_argument("--datasets", nargs="+", help=f"default: {' '.join(M.DATASETS)}")
+    b.add_argument("--shifts", nargs="+", help=f"default: {' '.join(M.SHIFTS)}")
+    b.add_argument("--patterns", nargs="+", help=f"default: {' '.join(M.PATTERNS)}")
+    b.add_argument("--skip-static", action="store_true",
+                   help="leave out the no-drift scenario of each data set")
+    b.add_argument("--strategies", nargs="+", help=f"default: {' '.join(M.STRATEGIES)}")
+    b.add_argument("--seeds", nargs="+", type=int, help="default: 0 1 2")
+    b.add_argument("--workers", type=int, default=1,
+                   help="runs at a time, each in its own process (default 1)")
+    b.add_argument("--runs-dir", type=Path, default=Path("runs/bench"),
+                   help="one directory per run; finished runs there are reused")
+    b.add_argument("--report", type=Path, default=Path("docs/benchmark.md"),
+                   help="the leaderboard (markdown); its data and plots go in a folder of the "
+                        "same name beside it")
+    b.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change the common protocol (every run), e.g. --set rounds-per-step=6")
+    b.add_argument("--dry-run", action="store_true",
+                   help="list the runs and which cannot run, run nothing")
+
+
+def cells_of(args: argparse.Namespace) -> tuple[list[M.Cell], list[str], dict]:
+    from fedcluster_app.core.config import (default_run_config, merge_overrides,
+                                            parse_assignment, parse_run_config)
+
+    quick = M.QUICK if args.quick else {}
+    datasets = M.check_names("data set", args.datasets or quick.get("datasets", M.DATASETS),
+                             M.DATASETS)
+    shifts = M.check_names("shift", args.shifts or quick.get("shifts", M.SHIFTS), M.SHIFTS)
+    patterns = M.check_names("drift pattern", args.patterns
+                             or quick.get("patterns", M.PATTERNS), M.PATTERNS)
+    from fedcluster_app.families import strategy_info
+    strategies = list(args.strategies or quick.get("strategies", M.STRATEGIES))
+    for name in strategies:
+        strategy_info(name)   # an unknown name lists the valid ones
+    seeds = args.seeds if args.seeds is not None else list(quick.get("seeds", (0, 1, 2)))
+    protocol = {**M.PROTOCOL, **quick.get("protocol", {}),
+                **dict(parse_assignment(s) for s in args.set)}
+    # a mistake in the common protocol is the command's error, not every cell's "cannot run"
+    parse_run_config(merge_overrides(default_run_config(), protocol))
+    scenarios = M.scenarios(datasets, shifts, patterns, no_drift=not (args.skip_static or args.quick))
+    frozen = tuple(sorted(protocol.items()))
+    cells = [M.Cell(sc, s, seed, frozen) for sc in scenarios for s in strategies for seed in seeds]
+    return cells, strategies, protocol
+
+
+def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    from fedcluster_app.bench import report as R
+    from fedcluster_app.bench.runner import run_matrix, run_dir
+
+    cells, strategies, protocol = cells_of(args)
+    if args.dry_run:
+        for cell in cells:
+            why = M.cannot_run(cell, cell.run_config(M.num_concepts(cell)))
+            done = (run_dir(args.runs_dir, cell) / "summary.json").is_file()
+            print(f"{cell.name}: " + (f"cannot run: {why}" if why else
+                                      "finished" if done else "to run"))
+        return 0
+    t0, load0 = time.time(), os.getloadavg()[0]
+    rows = run_matrix(cells, args.runs_dir, workers=args.workers, retry_failed=args.retry_failed)
+    load1 = os.getloadavg()[0]
+    folder = args.report.with_suffix("")
+    data_file = folder / "runs.jsonl"
+    R.write_rows(rows, data_file)
+    heat = [c for c in dict.fromkeys(r["scenario"] for r in rows)
+            if c.endswith("/mix/sudden") or c.endswith("/concept/sudden")][:2]
+    plots = R.plot_all(rows, strategies, folder, heat)
+    reading_file = folder / "reading.md"
+    reading = reading_file.read_text() if reading_file.is_file() else None
+    command = "fedcluster " + " ".join(shlex.quote(a) for a in (argv or ["bench"]))
+    info = {"compute_min": sum(r.get("wall_time_s") or 0 for r in rows) / 60.0,
+            "workers": args.workers, "cores": os.cpu_count(),
+            "load": f"{load0:.1f} at the start, {load1:.1f} at the end"}
+    text = R.render(rows, strategies, protocol, command, plots, args.report, data_file,
+                    info, reading)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(args.report, text.encode())
+    ok = sum(1 for r in rows if r["status"] in R.OK)
+    print(f"bench: {ok} of {len(rows)} runs finished; {time.time() - t0:.0f} s; leaderboard "
+          f"{args.report}, data {data_file}")
+    print("\n".join(R.leaderboard(rows, strategies)))
+    return 0

@@ -1,0 +1,130 @@
+"""Run a bench matrix: each cell once, finished runs skipped, several at a time in a process pool.
+
+Every cell has its own run directory ``<runs-dir>/<data>/<shift>/<pattern>/<strategy>/seed<k>``.
+A cell whose directory holds a finished run (status completed or degraded) is scored from it and
+never run again; a failed run stays failed (its error is the table's reason) unless
+``retry_failed``; a run stopped before its summary is run again from the start. A strategy that
+refuses the scenario when it is built (its own configuration check) is listed as "cannot run"
+with its message and never started.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedcluster_app.bench.matrix import Cell, bench_scenario, cannot_run, num_concepts
+from fedcluster_app.bench.scores import score_run
+
+COMPLETED = ("completed", "degraded")
+
+
+def run_dir(runs_dir: Path, cell: Cell) -> Path:
+    return Path(runs_dir) / cell.scenario.key / cell.strategy / f"seed{cell.seed}"
+
+
+def concept_matrix(cell: Cell) -> np.ndarray:
+    """steps x clients: each client's true concept at each step (step 1 in row 0)."""
+    sc = bench_scenario(cell)
+    return np.array([[sc.concept(k, t) for k in range(sc.num_clients)]
+                     for t in range(1, sc.num_steps + 1)], dtype=np.int64)
+
+
+def _run_one(run_config: dict) -> tuple[str, str | None, float]:
+    """In a worker: one run; (status, error, seconds). Never raises: a failed run is a row."""
+    from fedcluster_app.engine import run_inprocess
+
+    t0 = time.perf_counter()
+    try:
+        summary = run_inprocess(run_config)
+        return str(summary.get("status")), summary.get("reason"), time.perf_counter() - t0
+    except Exception as ex:   # the failure is this cell's result, the matrix goes on
+        last = traceback.format_exception_only(type(ex), ex)[-1].strip()
+        return "failed", last, time.perf_counter() - t0
+
+
+def _row(cell: Cell, status: str, reason: str | None = None, **scores: Any) -> dict[str, Any]:
+    sc = cell.scenario
+    return {"scenario": sc.key, "data": sc.data, "shift": sc.shift, "pattern": sc.pattern,
+            "catalogue": sc.scenario, "strategy": cell.strategy, "seed": cell.seed,
+            "status": status, "reason": reason, **scores}
+
+
+def _score(cell: Cell, out: Path) -> dict[str, Any]:
+    from fedcluster_app.core.results import load_run
+
+    summary, records = load_run(out)
+    if summary.get("status") not in COMPLETED:
+        return _row(cell, "failed", summary.get("error") or summary.get("reason"))
+    rounds_per_step = int(summary.get("config", {}).get("rounds-per-step")
+                          or dict(cell.protocol)["rounds-per-step"])
+    concepts = concept_matrix(cell)
+    try:
+        scores = score_run(summary, records, concepts, rounds_per_step)
+    except ValueError as ex:
+        return _row(cell, "failed", f"cannot score: {ex}")
+    return _row(cell, summary["status"], summary.get("reason"), concepts=concepts.tolist(),
+                **scores)
+
+
+def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed: bool = False,
+               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Run what is not finished, then score every cell; one row per cell, in ``cells``' order."""
+    from fedcluster_app.core.results import read_summary
+
+    rows: dict[Cell, dict[str, Any]] = {}
+    todo: dict[Cell, dict] = {}
+    for cell in cells:
+        out = run_dir(runs_dir, cell)
+        status = (read_summary(out) or {}).get("status")
+        if status in COMPLETED or (status == "failed" and not retry_failed):
+            continue
+        config = cell.run_config(num_concepts(cell))
+        why = cannot_run(cell, config)
+        if why:
+            rows[cell] = _row(cell, "cannot run", why)
+            continue
+        # not finished: a stopped or failed run starts again from round 1
+        todo[cell] = {**config, "out-dir": str(out.resolve()), "overwrite": True}
+
+    skipped = len(cells) - len(todo) - len(rows)
+    log(f"bench: {len(cells)} runs: {skipped} finished before, {len(rows)} cannot run, "
+        f"{len(todo)} to run with {workers} worker(s)")
+    done = 0
+
+    def finished(cell: Cell, result: tuple[str, str | None, float]) -> None:
+        nonlocal done
+        done += 1
+        status, error, seconds = result
+        note = f"{status}" + (f": {error}" if status == "failed" else "")
+        log(f"[{done}/{len(todo)}] {cell.name} {note} ({seconds:.1f} s)")
+
+    if workers <= 1:
+        for cell, config in todo.items():
+            finished(cell, _run_one(config))
+    else:
+        ctx = multiprocessing.get_context("spawn")   # no forked torch/Ray state in the workers
+        with cf.ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=25) as pool:
+            futures = {pool.submit(_run_one, config): cell for cell, config in todo.items()}
+            try:
+                for fut in cf.as_completed(futures):
+                    finished(futures[fut], fut.result())
+            except KeyboardInterrupt:
+                pool.shutdown(cancel_futures=True)
+                raise
+
+    out_rows = []
+    for cell in cells:
+        if cell not in rows:
+            out = run_dir(runs_dir, cell)
+            rows[cell] = (_score(cell, out) if (out / "summary.json").is_file()
+                          else _row(cell, "failed", "the run left no summary.json"))
+        out_rows.append(rows[cell])
+    return out_rows

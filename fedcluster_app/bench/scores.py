@@ -1,0 +1,102 @@
+"""One run's scores under the benchmark's common rule, from its ``metrics.jsonl``.
+
+The rule (``score-next-step = true``, every protocol logs it the same way):
+
+* ``accuracy_current``: every evaluated round, the clients' mean accuracy on the current step's
+  test split with the model they use after that round's training;
+* ``accuracy_next``: at the end of step t, the same models on step t+1's test split, before
+  anything adapts to step t+1.
+
+Only steps 1..T (T = the scenario's steps - 1) are scored: every strategy trains on them and each
+has a next step (FedDrift's time-step protocol never trains on the last step). From these:
+
+* ``acc_current`` / ``acc_next``: means over the scored rounds / steps; ``acc_final``: the
+  current-step accuracy at the end of step T;
+* a drift into step t (some client's true concept differs from step t-1) costs
+  ``drop`` = accuracy_current - accuracy_next at the end of step t-1: what the drift took before
+  the method could react; it is ``recovered`` after the first round of step t whose
+  accuracy_current is back within :data:`RECOVERY_TOLERANCE` of the accuracy before the drift
+  (``None``: not within step t);
+* ``ari``: the mean adjusted Rand index of the clustering against the true concepts over the
+  evaluated rounds; ``clusters``: the mean number of clusters in use per round;
+* bytes up and down and wall time come from the run's summary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+#: accuracy within this of the pre-drift accuracy counts as recovered
+RECOVERY_TOLERANCE = 0.02
+
+
+def _mean(values) -> float | None:
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return float(np.mean(vals)) if vals else None
+
+
+def drift_steps(concepts: np.ndarray) -> list[int]:
+    """The steps t >= 2 at which some client's concept differs from step t-1 (``concepts``:
+    steps x clients, step 1 in row 0)."""
+    return [t for t in range(2, concepts.shape[0] + 1)
+            if np.any(concepts[t - 1] != concepts[t - 2])]
+
+
+def score_run(summary: dict, records: list[dict], concepts: np.ndarray,
+              rounds_per_step: int) -> dict[str, Any]:
+    """The bench scores of one finished run (module docstring), and the per-round series the
+    report's plots draw."""
+    last = concepts.shape[0] - 1          # T: the last scored step
+    scored = [r for r in records if int(r.get("time_step", 0)) <= last]
+    current = {int(r["round"]): float(r["accuracy_current"]) for r in scored
+               if r.get("accuracy_current") is not None}
+    nxt = {int(r["next_step"]) - 1: float(r["accuracy_next"]) for r in scored
+           if r.get("accuracy_next") is not None}
+    if not current or not nxt:
+        raise ValueError("the run has no accuracy_current / accuracy_next: it ran without "
+                         "score-next-step = true")
+    end_of = {t: t * rounds_per_step for t in range(1, last + 1)}   # a step's last round
+
+    events = []
+    drifts = drift_steps(concepts)
+    for t in drifts:
+        before = current.get(end_of.get(t - 1, -1))
+        if before is None or (t - 1) not in nxt:
+            continue
+        event = {"step": t, "drop": before - nxt[t - 1], "recovered": None}
+        if t <= last:
+            for rnd in range((t - 1) * rounds_per_step + 1, end_of[t] + 1):
+                if rnd in current and current[rnd] >= before - RECOVERY_TOLERANCE:
+                    event["recovered"] = rnd - (t - 1) * rounds_per_step
+                    break
+        events.append(event)
+    recovered = [e["recovered"] for e in events if e["recovered"] is not None]
+    clusters = [int(r["num_clusters"]) for r in scored if r.get("num_clusters") is not None]
+    return {
+        "acc_current": _mean(current.values()),
+        "acc_next": _mean(nxt.values()),
+        "acc_final": current.get(end_of[last]),
+        "drop": _mean(e["drop"] for e in events),
+        "recover_rounds": _mean(recovered),
+        "not_recovered": sum(1 for e in events if e["recovered"] is None and e["step"] <= last),
+        "drift_events": events,
+        "ari": _mean(r.get("ari") for r in scored),
+        "clusters": _mean(clusters),
+        "models_allocated_final": summary.get("models_allocated_final"),
+        "bytes_up": summary.get("bytes_up"),
+        "bytes_down": summary.get("bytes_down"),
+        "wall_time_s": summary.get("wall_time_s"),
+        "series": {
+            "round": sorted(current),
+            "accuracy_current": [round(current[r], 5) for r in sorted(current)],
+            "accuracy_next": {str(t + 1): round(a, 5) for t, a in sorted(nxt.items())},
+            "clusters": clusters,
+            "assignments": [[r.get("assignments", {}).get(str(c))
+                             for c in range(concepts.shape[1])] for r in scored],
+            "concept_cluster_mass": next((r["concept_cluster_mass"] for r in reversed(scored)
+                                          if r.get("concept_cluster_mass")), None),
+        },
+    }

@@ -1,0 +1,155 @@
+"""`fedcluster bench`: the scoring rule, ranks, the matrix, and a tiny matrix end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedcluster_app.bench import matrix as M
+from fedcluster_app.bench import report as R
+from fedcluster_app.bench.scores import drift_steps, score_run
+
+
+def _records(current: dict[int, float], nxt: dict[int, float], rps: int, steps: int) -> list[dict]:
+    """metrics.jsonl rows of a base-protocol run: ``current`` by round, ``nxt`` by step t
+    (the score on step t+1 at the end of step t)."""
+    rows = []
+    for rnd in range(1, steps * rps + 1):
+        t = (rnd - 1) // rps + 1
+        r = {"round": rnd, "time_step": t, "accuracy_current": current[rnd], "num_clusters": 2,
+             "assignments": {"0": 0, "1": 1}}
+        if rnd == t * rps and t in nxt:
+            r.update(accuracy_next=nxt[t], next_step=t + 1)
+        rows.append(r)
+    return rows
+
+
+def test_drift_steps_are_the_steps_where_a_concept_changes():
+    concepts = np.array([[0, 0], [0, 0], [1, 0], [1, 0], [0, 0]])
+    assert drift_steps(concepts) == [3, 5]
+    assert drift_steps(np.zeros((4, 3), dtype=int)) == []
+
+
+def test_score_run_drop_recovery_and_the_scored_steps():
+    # 4 steps of 3 rounds; a drift into step 3; step 4 (the last) is not scored
+    concepts = np.array([[0, 0], [0, 0], [1, 0], [1, 0]])
+    current = {1: .5, 2: .7, 3: .8, 4: .85, 5: .9, 6: .9, 7: .6, 8: .89, 9: .95,
+               10: .1, 11: .1, 12: .1}
+    nxt = {1: .8, 2: .4, 3: .9}
+    s = score_run({"bytes_up": 10, "bytes_down": 20, "wall_time_s": 1.5},
+                  _records(current, nxt, 3, 4), concepts, 3)
+    assert s["acc_current"] == pytest.approx(np.mean([current[r] for r in range(1, 10)]))
+    assert s["acc_next"] == pytest.approx(np.mean([.8, .4, .9]))
+    assert s["acc_final"] == pytest.approx(.95)            # end of step T = 3, not round 12
+    assert s["drift_events"] == [{"step": 3, "drop": pytest.approx(.5), "recovered": 2}]
+    assert s["drop"] == pytest.approx(.5) and s["recover_rounds"] == 2
+    assert s["not_recovered"] == 0
+    assert s["clusters"] == 2 and s["bytes_up"] == 10
+    assert s["series"]["round"] == list(range(1, 10))
+
+
+def test_score_run_counts_a_drift_not_recovered_within_its_step():
+    concepts = np.array([[0], [0], [1], [1]])
+    current = {r: .9 for r in range(1, 7)} | {7: .3, 8: .5, 9: .8, 10: .9, 11: .9, 12: .9}
+    s = score_run({}, _records(current, {1: .9, 2: .2, 3: .8}, 3, 4), concepts, 3)
+    assert s["drift_events"][0]["recovered"] is None
+    assert s["not_recovered"] == 1 and s["recover_rounds"] is None
+
+
+def test_score_run_needs_the_common_scoring_rule():
+    rows = [{"round": 1, "time_step": 1, "accuracy": .9}]
+    with pytest.raises(ValueError, match="score-next-step"):
+        score_run({}, rows, np.zeros((2, 1), dtype=int), 1)
+
+
+def test_ranks_share_ties_and_skip_runs_that_did_not_finish():
+    rows = [{"scenario": "a", "strategy": s, "status": st, "acc_next": v}
+            for s, st, v in [("x", "completed", .9), ("y", "completed", .9),
+                             ("z", "completed", .5), ("w", "cannot run", None)]]
+    assert R.ranks(rows, "acc_next") == {"a": {"x": 1.5, "y": 1.5, "z": 3.0}}
+
+
+def test_matrix_names_are_checked_with_a_suggestion():
+    with pytest.raises(ValueError, match=r"unknown shift 'consept'.*did you mean 'concept'"):
+        M.check_names("shift", ["consept"], M.SHIFTS)
+    scs = M.scenarios(("digits",), ("label", "mix"), ("sudden", "recurring"))
+    assert [s.key for s in scs] == ["digits/mix/none", "digits/label/sudden",
+                                    "digits/label/recurring", "digits/mix/sudden",
+                                    "digits/mix/recurring"]
+    assert scs[1].scenario == "digits-prior"
+    assert M.BenchScenario("mixture", "concept", "sudden").scenario == "mixture-swap"
+
+
+def test_every_matrix_scenario_is_in_the_catalogue():
+    from fedcluster_app.core.data import scenario_names
+
+    names = set(scenario_names())
+    missing = {s.scenario for s in M.scenarios() if s.scenario not in names}
+    assert not missing, missing
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory):
+    """A 2-scenario x 3-strategy x 1-seed matrix of very short runs, through the CLI."""
+    from fedcluster_app.cli import main
+
+    root = tmp_path_factory.mktemp("bench")
+    argv = ["bench", "--datasets", "mixture", "--shifts", "concept", "--patterns", "sudden",
+            "--strategies", "fedavg", "oracle", "feddrift", "--seeds", "0",
+            "--runs-dir", str(root / "runs"), "--report", str(root / "doc" / "bench.md"),
+            "--set", "num-steps=4", "--set", "rounds-per-step=2", "--set", "local-steps=5"]
+    assert main(argv) == 0
+    return root, argv
+
+
+def test_bench_writes_the_leaderboard_data_and_plots(tiny_bench):
+    root, _ = tiny_bench
+    rows = R.read_rows(root / "doc" / "bench" / "runs.jsonl")
+    assert {(r["scenario"], r["strategy"]) for r in rows} == {
+        (sc, s) for sc in ("mixture/mix/none", "mixture/concept/sudden")
+        for s in ("fedavg", "oracle", "feddrift")}
+    assert all(r["status"] == "completed" for r in rows), rows
+    drifted = {r["strategy"]: r for r in rows if r["scenario"] == "mixture/concept/sudden"}
+    assert [e["step"] for e in drifted["fedavg"]["drift_events"]] == [3]
+    # the Oracle knows the concepts: its clusters are the truth, FedAvg's one cluster is not
+    assert drifted["oracle"]["ari"] > drifted["fedavg"]["ari"]
+    assert all(r["drift_events"] == [] for r in rows if r["scenario"] == "mixture/mix/none")
+    doc = (root / "doc" / "bench.md").read_text()
+    assert "fedcluster bench --datasets mixture" in doc
+    assert "## Leaderboard" in doc and "### mixture/concept/sudden" in doc
+    for png in ("accuracy-mixture.png", "bytes.png", "assignments-mixture-concept-sudden.png",
+                "confusion-mixture-concept-sudden.png"):
+        assert (root / "doc" / "bench" / png).stat().st_size > 0, png
+        assert f"bench/{png}" in doc
+
+
+def test_bench_reuses_finished_runs(tiny_bench, capsys):
+    from fedcluster_app.cli import main
+
+    root, argv = tiny_bench
+    summary = root / "runs" / "mixture" / "concept" / "sudden" / "oracle" / "seed0" / "summary.json"
+    before = summary.read_text()
+    first = (root / "doc" / "bench" / "runs.jsonl").read_text()
+    assert main(argv) == 0
+    assert "6 finished before" in capsys.readouterr().out
+    assert summary.read_text() == before
+    assert (root / "doc" / "bench" / "runs.jsonl").read_text() == first
+
+
+def test_bench_refuses_a_bad_protocol_before_running_anything(tmp_path, capsys):
+    from fedcluster_app.cli import main
+
+    code = main(["bench", "--quick", "--runs-dir", str(tmp_path / "r"),
+                 "--set", "rounds-per-stepp=3"])
+    assert code == 2
+    assert "'rounds-per-stepp'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_rows_round_trip(tmp_path):
+    rows = [{"scenario": "a", "strategy": "x", "acc_next": 0.5, "series": {"round": [1]}}]
+    R.write_rows(rows, tmp_path / "d" / "runs.jsonl")
+    assert R.read_rows(tmp_path / "d" / "runs.jsonl") == rows
+    assert json.loads((tmp_path / "d" / "runs.jsonl").read_text().splitlines()[0]) == rows[0]
