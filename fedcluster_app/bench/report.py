@@ -203,8 +203,8 @@ def plot_accuracy(rows: list[dict], data: str, strategies: list[str], out: Path)
         if i >= len(cells) - cols:
             ax.set_xlabel("round")
     handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
-    if handles:
-        fig.legend(handles, labels, loc="upper center", ncol=min(7, len(labels)), fontsize=8)
+    if handles:   # beside the panels, where it hides no curve
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     fig.suptitle(f"{data}: accuracy over rounds (mean over seeds, band = min-max); dotted: "
                  "drift", y=0.0, fontsize=9)
     return save_png(fig, out)
