@@ -108,8 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--plot", type=Path, help="where to write the comparison plot")
     rep.add_argument("--baseline", help="strategy whose run is the time-to-target reference "
                      "(default: fedavg or fedprox runs of the same scenario and seed)")
-    rep.add_argument("--target", type=float, help="target accuracy (default: the baseline's "
-                     "final accuracy)")
+    rep.add_argument("--target", type=float, help="target accuracy (default: the highest "
+                     "accuracy every compared run of the scenario and seed holds to its end)")
     bench_command.add_parser(sub)
     return p
 

@@ -679,13 +679,20 @@ def test_report_shows_the_time_to_target_speed_up_over_the_global_model(tmp_path
     section = text.split("## Time to target accuracy")[1]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in section.splitlines() if line.startswith("| ") and "---" not in line}
-    # target = FedAvg's final 0.8: 4 rounds for FedAvg, 2 for Fielding (speed-up 2.00)
-    assert rows["fld"] == ["fielding", "0.8000", "2", "4.0", "2.00", "2.00"]
-    assert rows["avg"] == ["fedavg", "0.8000", "4", "8.0", "1.00", "1.00"]
-    assert rows["slow"][2:] == ["never", "n/a", "n/a", "n/a"]
+    # target = 0.79, the highest accuracy all three runs of scenario s hold to their end (auxo's
+    # final): FedAvg at round 4, Fielding at round 2 (speed-up 2.00), auxo at round 4
+    assert rows["fld"] == ["fielding", "0.7900", "2", "4.0", "2.00", "2.00"]
+    assert rows["avg"] == ["fedavg", "0.7900", "4", "8.0", "1.00", "1.00"]
+    assert rows["slow"][1:3] == ["0.7900", "4"]
     assert "other" not in rows
-    # an explicit target and baseline
+    # an explicit target that a run does not reach says so; another baseline
+    text = results.compare_runs([tmp_path / d for d in ("avg", "fld", "slow")], target=0.8)
+    section = text.split("## Time to target accuracy")[1]
+    assert [line for line in section.splitlines() if line.startswith("| slow ")][0].split(
+        "|")[4].strip() == "not reached"
     text = results.compare_runs([tmp_path / "avg", tmp_path / "fld"], baseline="fedavg", target=0.6)
     assert "| fld " in text.split("## Time to target accuracy")[1]
+    assert results.held_accuracy([{"round": 1, "accuracy": 0.9}, {"round": 2, "accuracy": 0.5},
+                                  {"round": 3, "accuracy": 0.7}]) == 0.7
     assert results.rounds_to_target([{"round": 1, "accuracy": 0.7}, {"round": 2, "accuracy": 0.5},
                                      {"round": 3, "accuracy": 0.9}], 0.6) == 3

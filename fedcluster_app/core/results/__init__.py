@@ -7,7 +7,8 @@ events marked). By concern: ``files`` (the contract, JSON, reading), ``recorder`
 run), ``console`` (the progress line), ``plots`` and ``compare`` (several runs).
 """
 
-from fedcluster_app.core.results.compare import (GLOBAL_BASELINES, compare_runs, round_seconds,
+from fedcluster_app.core.results.compare import (GLOBAL_BASELINES, compare_runs, held_accuracy,
+                                                 round_seconds,
                                                  rounds_to_target, time_to_target,
                                                  time_to_target_table)
 from fedcluster_app.core.results.console import format_round_line, progress_bar
@@ -21,6 +22,6 @@ from fedcluster_app.core.results.recorder import RunRecorder, compute_summary
 __all__ = [
     "GLOBAL_BASELINES", "METRICS_FILE", "PLOT_FILE", "REQUIRED_ROUND_KEYS", "REQUIRED_SUMMARY_KEYS",
     "STATUSES", "SUMMARY_FILE", "RunRecorder", "check_out_dir", "compare_runs", "compute_summary",
-    "finished_run", "format_round_line", "load_run", "plot_run", "progress_bar", "read_summary",
+    "finished_run", "format_round_line", "held_accuracy", "load_run", "plot_run", "progress_bar", "read_summary",
     "round_seconds", "rounds_to_target", "time_to_target", "time_to_target_table", "to_json",
 ]
