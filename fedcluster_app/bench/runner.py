@@ -111,7 +111,8 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
             finished(cell, _run_one(config))
     else:
         ctx = multiprocessing.get_context("spawn")   # no forked torch/Ray state in the workers
-        with cf.ProcessPoolExecutor(workers, mp_context=ctx, max_tasks_per_child=25) as pool:
+        # no max_tasks_per_child: with it Python 3.11's pool hangs once the first workers retire
+        with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
             futures = {pool.submit(_run_one, config): cell for cell, config in todo.items()}
             try:
                 for fut in cf.as_completed(futures):
