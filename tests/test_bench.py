@@ -153,3 +153,18 @@ def test_rows_round_trip(tmp_path):
     R.write_rows(rows, tmp_path / "d" / "runs.jsonl")
     assert R.read_rows(tmp_path / "d" / "runs.jsonl") == rows
     assert json.loads((tmp_path / "d" / "runs.jsonl").read_text().splitlines()[0]) == rows[0]
+
+
+def test_the_process_pool_runs_every_cell(tmp_path):
+    from fedcluster_app.bench.runner import run_matrix
+
+    protocol = tuple(sorted({**M.PROTOCOL, "num-steps": 3, "rounds-per-step": 1,
+                             "local-steps": 2}.items()))
+    sc = M.BenchScenario("mixture", "label", "sudden")
+    cells = [M.Cell(sc, s, seed, protocol) for s in ("fedavg", "local") for seed in (0, 1)]
+    logs: list[str] = []
+    rows = run_matrix(cells, tmp_path, workers=2, log=logs.append)
+    assert [r["status"] for r in rows] == ["completed"] * 4, logs
+    assert [(r["strategy"], r["seed"]) for r in rows] == [("fedavg", 0), ("fedavg", 1),
+                                                          ("local", 0), ("local", 1)]
+    assert sum(line.startswith("[") for line in logs) == 4
