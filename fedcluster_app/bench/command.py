@@ -73,6 +73,21 @@ def cells_of(args: argparse.Namespace) -> tuple[list[M.Cell], list[str], dict]:
     return cells, strategies, protocol
 
 
+def heatmap_scenarios(scenarios: list[str]) -> list[str]:
+    """Per data set, the scenario whose assignments the heat maps show: its mixed shift under
+    sudden drift, else its first scenario with drift."""
+    by_data: dict[str, list[str]] = {}
+    for sc in dict.fromkeys(scenarios):
+        by_data.setdefault(sc.split("/")[0], []).append(sc)
+    out = []
+    for data, scs in by_data.items():
+        drifting = [sc for sc in scs if not sc.endswith("/none")]
+        preferred = [sc for sc in drifting if sc.endswith("/mix/sudden")]
+        if preferred or drifting:
+            out.append((preferred or drifting)[0])
+    return out
+
+
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from fedcluster_app.bench import report as R
     from fedcluster_app.bench.runner import run_matrix, run_dir
@@ -91,8 +106,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     folder = args.report.with_suffix("")
     data_file = folder / "runs.jsonl"
     R.write_rows(rows, data_file)
-    heat = [c for c in dict.fromkeys(r["scenario"] for r in rows)
-            if c.endswith("/mix/sudden") or c.endswith("/concept/sudden")][:2]
+    heat = heatmap_scenarios([r["scenario"] for r in rows])
     plots = R.plot_all(rows, strategies, folder, heat)
     reading_file = folder / "reading.md"
     reading = reading_file.read_text() if reading_file.is_file() else None
