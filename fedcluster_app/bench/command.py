@@ -101,7 +101,15 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                                       "finished" if done else "to run"))
         return 0
     t0, load0 = time.time(), os.getloadavg()[0]
-    rows = run_matrix(cells, args.runs_dir, workers=args.workers, retry_failed=args.retry_failed)
+    ran = 0
+
+    def log(line: str) -> None:
+        nonlocal ran
+        ran += line.startswith("[")
+        print(line, flush=True)
+
+    rows = run_matrix(cells, args.runs_dir, workers=args.workers, retry_failed=args.retry_failed,
+                      log=log)
     load1 = os.getloadavg()[0]
     folder = args.report.with_suffix("")
     data_file = folder / "runs.jsonl"
@@ -112,8 +120,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     reading = reading_file.read_text() if reading_file.is_file() else None
     command = "fedcluster " + " ".join(shlex.quote(a) for a in (argv or ["bench"]))
     info = {"compute_min": sum(r.get("wall_time_s") or 0 for r in rows) / 60.0,
-            "workers": args.workers, "cores": os.cpu_count(),
-            "load": f"{load0:.1f} at the start, {load1:.1f} at the end"}
+            "workers": args.workers, "cores": os.cpu_count(), "ran": ran,
+            "elapsed_min": (time.time() - t0) / 60.0,
+            "load": f"{load0:.1f} at its start, {load1:.1f} at its end"}
     text = R.render(rows, strategies, protocol, command, plots, args.report, data_file,
                     info, reading)
     args.report.parent.mkdir(parents=True, exist_ok=True)

@@ -362,10 +362,10 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         f"({', '.join(map(str, seeds))}) = {len(rows)} runs; {ok} finished, "
         f"{len(rows) - ok} could not run or failed (listed below with the reason).",
         f"- Compute: {run_info['compute_min']:.1f} min of run time (the runs' own wall times, "
-        f"summed) on {run_info['workers']} worker process(es) on a {run_info['cores']}-core "
-        f"machine; load average {run_info['load']}."
-        + (" Times per run are measured with the other workers busy beside them."
-           if run_info["workers"] > 1 else ""),
+        f"summed; `s/run` below). The invocation that wrote this page ran "
+        f"{run_info['ran']} of the runs in {run_info['elapsed_min']:.1f} min on "
+        f"{run_info['workers']} worker process(es) on a {run_info['cores']}-core machine, load "
+        f"average {run_info['load']}; the others were finished before and reused.",
         "",
         "## Protocol",
         "",
