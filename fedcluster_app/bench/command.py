@@ -49,8 +49,12 @@ def add_parser(sub) -> None:
 
 
 def cells_of(args: argparse.Namespace) -> tuple[list[M.Cell], list[str], dict]:
-    from fedcluster_app.core.config import (default_run_config, merge_overrides,
-                                            parse_assignment, parse_run_config)
+    from fedcluster_app.core.config import (
+        default_run_config,
+        merge_overrides,
+        parse_assignment,
+        parse_run_config,
+    )
 
     quick = M.QUICK if args.quick else {}
     datasets = M.check_names("data set", args.datasets or quick.get("datasets", M.DATASETS),
@@ -80,7 +84,7 @@ def heatmap_scenarios(scenarios: list[str]) -> list[str]:
     for sc in dict.fromkeys(scenarios):
         by_data.setdefault(sc.split("/")[0], []).append(sc)
     out = []
-    for data, scs in by_data.items():
+    for scs in by_data.values():
         drifting = [sc for sc in scs if not sc.endswith("/none")]
         preferred = [sc for sc in drifting if sc.endswith("/mix/sudden")]
         if preferred or drifting:
@@ -90,7 +94,7 @@ def heatmap_scenarios(scenarios: list[str]) -> list[str]:
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from fedcluster_app.bench import report as R
-    from fedcluster_app.bench.runner import run_matrix, run_dir
+    from fedcluster_app.bench.runner import run_dir, run_matrix
 
     cells, strategies, protocol = cells_of(args)
     if args.dry_run:

@@ -343,7 +343,7 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
     by = group(rows)
     ok = sum(1 for r in rows if r["status"] in OK)
     seeds = sorted({r["seed"] for r in rows})
-    rel = lambda p: Path(p).resolve().relative_to(doc.parent.resolve()).as_posix()   # noqa: E731
+    rel = lambda p: Path(p).resolve().relative_to(doc.parent.resolve()).as_posix()
     lines = [
         "# Benchmark: clustered FL under drift on one protocol",
         "",
@@ -353,55 +353,55 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         command,
         "```",
         "",
-        f"Finished runs are reused, so the command re-renders this page from the run directories "
+        (f"Finished runs are reused, so the command re-renders this page from the run directories "
         f"in seconds and runs only what is missing. Every number below is in "
         f"[`{rel(data_file)}`]({rel(data_file)}) (one JSON line per run: its scores, its drift "
-        f"events, the per-round series the plots draw).",
+        f"events, the per-round series the plots draw)."),
         "",
-        f"- Matrix: {len(by)} scenarios x {len(strategies)} strategies x {len(seeds)} seeds "
+        (f"- Matrix: {len(by)} scenarios x {len(strategies)} strategies x {len(seeds)} seeds "
         f"({', '.join(map(str, seeds))}) = {len(rows)} runs; {ok} finished, "
-        f"{len(rows) - ok} could not run or failed (listed below with the reason).",
-        f"- Compute: {run_info['compute_min']:.1f} min of run time (the runs' own wall times, "
+        f"{len(rows) - ok} could not run or failed (listed below with the reason)."),
+        (f"- Compute: {run_info['compute_min']:.1f} min of run time (the runs' own wall times, "
         f"summed; `s/run` below). The invocation that wrote this page ran "
         f"{run_info['ran']} of the runs in {run_info['elapsed_min']:.1f} min on "
         f"{run_info['workers']} worker process(es) on a {run_info['cores']}-core machine, load "
-        f"average {run_info['load']}; the others were finished before and reused.",
+        f"average {run_info['load']}; the others were finished before and reused."),
         "",
         "## Protocol",
         "",
-        f"- Every run: {_rounds_line(protocol)}; every client trains and is evaluated every "
+        (f"- Every run: {_rounds_line(protocol)}; every client trains and is evaluated every "
         f"round (`fraction-train = {protocol['fraction-train']}`, `eval-every = "
         f"{protocol['eval-every']}`); `protocol = \"{protocol['protocol']}\"` (no scenario's "
         f"paper protocol); `num-clusters` (K of IFCA, FedEM, FedRC, FedSoft) = the number of "
         f"concepts the scenario uses. The algorithms keep their own message schedules "
-        f"(FedDrift's time steps, FlexCFL's client selection, FedCCFA's phases).",
-        "- Scoring (`score-next-step = true`): **current step** = after each round's training, "
+        f"(FedDrift's time steps, FlexCFL's client selection, FedCCFA's phases)."),
+        ("- Scoring (`score-next-step = true`): **current step** = after each round's training, "
         "each client's accuracy on the current step's test split with the model it uses; **next "
         "step** = at the end of step t, the same models on step t+1's test split, before "
         "anything adapts. Means over clients, then over the scored rounds (current) or steps "
         "(next). Only steps 1 to T = steps - 1 are scored: FedDrift's protocol never trains on "
-        "the last step, and each of them has a next step.",
-        "- Drift: **drop** = current-step minus next-step accuracy at the end of the step before "
+        "the last step, and each of them has a next step."),
+        ("- Drift: **drop** = current-step minus next-step accuracy at the end of the step before "
         "a drift (what the drift takes before a method can react); **rounds to recover** = "
         "rounds into the drifted step until the current-step accuracy is back within 0.02 of "
         "its value before the drift (mean over recovered drifts; **not recovered**: drifts "
-        "after which it was not back by the step's end, summed over seeds).",
-        "- **ARI**: adjusted Rand index of the clusters against the true concepts, mean over the "
+        "after which it was not back by the step's end, summed over seeds)."),
+        ("- **ARI**: adjusted Rand index of the clusters against the true concepts, mean over the "
         "evaluated rounds (one cluster for everyone scores 0); **clusters**: clusters in use "
-        "(clients assigned), mean per round; **MB sent**: bytes up + down per run.",
-        "- Scenarios: data x shift x drift pattern. Shift: label = `<data>-prior`, feature = "
+        "(clients assigned), mean per round; **MB sent**: bytes up + down per run."),
+        ("- Scenarios: data x shift x drift pattern. Shift: label = `<data>-prior`, feature = "
         "`<data>-noise`, concept = `<data>-permute` (`mixture-swap`), mix = `<data>-mix` (each "
         "drifting client one of the three); drifting clients and targets as in `fedcluster list "
         "scenarios`, from step 3; pattern via `drift-pattern`; no drift = the mix scenario with "
-        "`drift-pattern = none`.",
+        "`drift-pattern = none`."),
         "",
     ]
     if reading:
         lines += ["## Reading", "", reading.strip(), ""]
     lines += [f"## Leaderboard: average rank over {len(by)} scenarios", "",
               *leaderboard(rows, strategies), "",
-              "Rank 1 = best mean over seeds within a scenario (ties share the mean rank); "
-              "wins = scenarios ranked first on the next-step accuracy.", "",
+              ("Rank 1 = best mean over seeds within a scenario (ties share the mean rank); "
+              "wins = scenarios ranked first on the next-step accuracy."), "",
               "## Plots", ""]
     for p in plots:
         lines += [f"![{p.stem}]({rel(p)})", ""]

@@ -45,7 +45,7 @@ def _run_one(run_config: dict) -> tuple[str, str | None, float]:
     try:
         summary = run_inprocess(run_config)
         return str(summary.get("status")), summary.get("reason"), time.perf_counter() - t0
-    except Exception as ex:   # the failure is this cell's result, the matrix goes on
+    except Exception as ex:  # noqa: BLE001 - a failed run is its cell's result; the matrix goes on
         last = traceback.format_exception_only(type(ex), ex)[-1].strip()
         return "failed", last, time.perf_counter() - t0
 
