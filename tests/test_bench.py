@@ -119,8 +119,8 @@ def test_bench_writes_the_leaderboard_data_and_plots(tiny_bench):
     doc = (root / "doc" / "bench.md").read_text()
     assert "fedcluster bench --datasets mixture" in doc
     assert "## Leaderboard" in doc and "### mixture/concept/sudden" in doc
-    for png in ("accuracy-mixture.png", "bytes.png", "assignments-mixture-concept-sudden.png",
-                "confusion-mixture-concept-sudden.png"):
+    for png in ("accuracy-mixture.png", "clusters-mixture.png", "bytes.png",
+                "assignments-mixture-concept-sudden.png", "confusion-mixture-concept-sudden.png"):
         assert (root / "doc" / "bench" / png).stat().st_size > 0, png
         assert f"bench/{png}" in doc
 

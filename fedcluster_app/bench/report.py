@@ -168,9 +168,19 @@ def _ordered_scenarios(rows: list[dict], data: str) -> list[tuple[str, str, str]
     return [(data, s, p) for s, p in order if (s, p) in found]
 
 
-def plot_accuracy(rows: list[dict], data: str, strategies: list[str], out: Path) -> Path:
-    """Accuracy on the current step over rounds, mean over seeds with a min-max band, per
-    scenario of one data set; dotted lines where a drift begins."""
+#: what a per-round plot draws: (y label, y limits or None, a run's series as {round: value})
+_SERIES = {
+    "accuracy": ("accuracy, current step", (0.0, 1.0),
+                 lambda sr: dict(zip(sr["round"], sr["accuracy_current"]))),
+    "clusters": ("clusters in use", None, lambda sr: dict(enumerate(sr["clusters"], 1))),
+}
+
+
+def plot_rounds(rows: list[dict], data: str, strategies: list[str], out: Path,
+                what: str = "accuracy") -> Path:
+    """A per-round series (``what``: current-step accuracy or clusters in use), mean over seeds
+    with a min-max band, per scenario of one data set; dotted lines where a drift begins."""
+    ylabel, ylim, series_of = _SERIES[what]
     cells = _ordered_scenarios(rows, data)
     cols = min(4, len(cells))
     nrows = math.ceil(len(cells) / cols)
@@ -181,39 +191,34 @@ def plot_accuracy(rows: list[dict], data: str, strategies: list[str], out: Path)
         ax = fig.add_subplot(nrows, cols, i + 1)
         key = f"{d}/{shift}/{pattern}"
         ax.set_title(f"{shift} shift, {pattern}" if pattern != "none" else "no drift", fontsize=9)
-        ax.set_ylim(0.0, 1.0)
+        if ylim:
+            ax.set_ylim(*ylim)
         ax.grid(True, alpha=0.3)
         drift_rounds = set()
         for s in strategies:
             ok = [r for r in by.get(key, {}).get(s, []) if r["status"] in OK]
             if not ok:
                 continue
-            series = [dict(zip(r["series"]["round"], r["series"]["accuracy_current"])) for r in ok]
+            series = [series_of(r["series"]) for r in ok]
             xs = sorted(set().union(*series))
-            ys = np.array([[sr.get(x, np.nan) for x in xs] for sr in series])
+            ys = np.array([[sr.get(x, np.nan) for x in xs] for sr in series], dtype=float)
             ax.plot(xs, np.nanmean(ys, axis=0), color=colours[s], lw=1.1, label=s)
             ax.fill_between(xs, np.nanmin(ys, axis=0), np.nanmax(ys, axis=0), color=colours[s],
                             alpha=0.15, lw=0)
-            rps = _rounds_per_step(ok[0])
+            rps = ok[0]["rounds_per_step"]
             drift_rounds |= {(e["step"] - 1) * rps + 0.5 for e in ok[0]["drift_events"]}
         for x in sorted(drift_rounds):
             ax.axvline(x, color="grey", ls=":", lw=1)
         if i % cols == 0:
-            ax.set_ylabel("accuracy, current step")
+            ax.set_ylabel(ylabel)
         if i >= len(cells) - cols:
             ax.set_xlabel("round")
     handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
     if handles:   # beside the panels, where it hides no curve
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    fig.suptitle(f"{data}: accuracy over rounds (mean over seeds, band = min-max); dotted: "
+    fig.suptitle(f"{data}: {ylabel} over rounds (mean over seeds, band = min-max); dotted: "
                  "drift", y=0.0, fontsize=9)
     return save_png(fig, out)
-
-
-def _rounds_per_step(row: dict) -> int:
-    rounds = row["series"]["round"]
-    steps = sorted(int(t) for t in row["series"]["accuracy_next"])
-    return max(1, round(max(rounds) / max(1, steps[-1] - 1))) if steps else 1
 
 
 def _colours(strategies: list[str]) -> dict[str, Any]:
@@ -316,7 +321,8 @@ def plot_all(rows: list[dict], strategies: list[str], folder: Path,
              heatmap_scenarios: list[str]) -> list[Path]:
     paths = []
     for data in sorted({r["data"] for r in rows}):
-        paths.append(plot_accuracy(rows, data, strategies, folder / f"accuracy-{data}.png"))
+        for what in _SERIES:
+            paths.append(plot_rounds(rows, data, strategies, folder / f"{what}-{data}.png", what))
     for scenario in heatmap_scenarios:
         tag = scenario.replace("/", "-")
         for fn, name in ((plot_assignments, "assignments"), (plot_confusion, "confusion")):

@@ -89,6 +89,7 @@ def score_run(summary: dict, records: list[dict], concepts: np.ndarray,
         "bytes_up": summary.get("bytes_up"),
         "bytes_down": summary.get("bytes_down"),
         "wall_time_s": summary.get("wall_time_s"),
+        "rounds_per_step": rounds_per_step,
         "series": {
             "round": sorted(current),
             "accuracy_current": [round(current[r], 5) for r in sorted(current)],
