@@ -213,6 +213,7 @@ def plot_rounds(rows: list[dict], data: str, strategies: list[str], out: Path,
             ax.set_ylabel(ylabel)
         if i >= len(cells) - cols:
             ax.set_xlabel("round")
+    fig.subplots_adjust(hspace=0.45)   # room for each panel's title under the row above
     handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
     if handles:   # beside the panels, where it hides no curve
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
