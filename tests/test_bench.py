@@ -168,3 +168,20 @@ def test_the_process_pool_runs_every_cell(tmp_path):
     assert [(r["strategy"], r["seed"]) for r in rows] == [("fedavg", 0), ("fedavg", 1),
                                                           ("local", 0), ("local", 1)]
     assert sum(line.startswith("[") for line in logs) == 4
+
+
+def test_a_strategy_that_refuses_a_scenario_is_listed_with_its_reason(tmp_path):
+    protocol = tuple(sorted({**M.PROTOCOL, "num-steps": 1, "rounds-per-step": 1}.items()))
+    sc = M.BenchScenario("mixture", "label", "sudden")
+    refusing, running = (M.Cell(sc, s, 0, protocol) for s in ("feddrift", "fedavg"))
+    why = M.cannot_run(refusing, refusing.run_config(1))
+    assert "at least 2 time steps" in why
+    assert M.cannot_run(running, running.run_config(1)) is None
+    # in the tables: the row says why, the list at the end names it, it is never ranked
+    rows = [{"scenario": sc.key, "data": "mixture", "shift": "label", "pattern": "sudden",
+             "catalogue": sc.scenario, "strategy": "feddrift", "seed": 0,
+             "status": "cannot run", "reason": why}]
+    table = "\n".join(R.scenario_table({"feddrift": rows}, ["feddrift"]))
+    assert "| feddrift | cannot run: " in table and "at least 2 time steps" in table
+    assert "at least 2 time steps" in "\n".join(R.cannot_run_list(rows))
+    assert R.ranks(rows, "acc_next") == {sc.key: {}}
