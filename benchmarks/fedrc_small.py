@@ -70,7 +70,9 @@ def _row(scenario: str, strategy: str, seed: int, run_dir: Path) -> dict:
         "local_final": weighted[-1], "local_last5": float(np.mean(weighted[-5:])),
         "mass": evaluated[-1].get("concept_cluster_mass"),
         "s_per_round": float(np.mean([r["round_time_s"] for r in records])),
-        "num_clusters": summary["num_clusters_final"],
+        # K at the end = the models the server holds (num_clusters_final counts the clusters in
+        # use since the counts were made honest; older summaries have only that field)
+        "num_clusters": summary.get("models_allocated_final", summary["num_clusters_final"]),
     }
 
 
