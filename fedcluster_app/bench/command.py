@@ -13,7 +13,7 @@ from fedcluster_app.core.atomic import atomic_write_bytes
 
 EPILOG = """\
 examples:
-  fedcluster bench --quick                      # a smoke matrix in a few minutes
+  fedcluster bench --quick                      # a smoke matrix (8 short runs, seconds)
   fedcluster bench --workers 2                  # the full matrix (resumable: run it again to go on)
   fedcluster bench --datasets digits --strategies fedavg ifca fielding --seeds 0 1 2
   fedcluster bench --report docs/benchmark.md   # where the leaderboard goes (default)
