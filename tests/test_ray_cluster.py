@@ -7,6 +7,7 @@ cluster of its own and checks that the run's ClientApp actors ran on it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -141,6 +142,39 @@ def test_a_run_attaches_to_an_existing_ray_cluster(ray_cluster, tmp_path):
     # client-resources-num-cpus = 1 on a 2-CPU cluster: a pool of two actors
     assert len(actors) == 2, sorted(p.name for p in logs.iterdir())
     assert list(logs.glob("python-core-driver-*.log"))       # Flower's simulation was the driver
+
+
+@pytest.mark.slow
+def test_the_bench_runs_its_matrix_on_an_existing_ray_cluster(ray_cluster, tmp_path):
+    """`fedcluster bench --ray-address`: every run a Ray task on the cluster, the same rows as
+    the local process pool makes."""
+    base = ray_cluster
+    matrix = ["--datasets", "mixture", "--shifts", "concept", "--patterns", "sudden",
+              "--skip-static", "--strategies", "fedavg", "oracle", "--seeds", "0", "1",
+              "--set", "num-steps=3", "--set", "rounds-per-step=1", "--set", "local-steps=3"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedcluster_app.cli", "bench", *matrix, "--ray-address", "auto",
+         "--runs-dir", str(tmp_path / "ray-runs"), "--report", str(tmp_path / "ray.md")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "RAY_TMPDIR": str(base)},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "4 to run on the Ray cluster at auto" in proc.stdout
+    assert main(["bench", *matrix, "--runs-dir", str(tmp_path / "local-runs"),
+                 "--report", str(tmp_path / "local.md")]) == 0
+
+    def scores(name: str) -> list[tuple]:
+        rows = [json.loads(line) for line in (tmp_path / name / "runs.jsonl").read_text()
+                .splitlines()]
+        return [(r["strategy"], r["seed"], r["status"], r["acc_current"], r["acc_next"])
+                for r in rows]
+
+    assert scores("ray") == scores("local")
+    assert all(s[2] == "completed" for s in scores("ray"))
+    # the bench attached to this cluster as a driver (a Ray it started itself would have a
+    # session of its own elsewhere), so its tasks ran on the cluster's one node
+    logs = base / "ray" / "session_latest" / "logs"
+    assert list(logs.glob("python-core-driver-*.log")), sorted(p.name for p in logs.iterdir())
 
 
 def _toml(path: Path) -> dict:

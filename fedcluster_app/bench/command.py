@@ -36,6 +36,10 @@ def add_parser(sub) -> None:
     b.add_argument("--seeds", nargs="+", type=int, help="default: 0 1 2")
     b.add_argument("--workers", type=int, default=1,
                    help="runs at a time, each in its own process (default 1)")
+    b.add_argument("--ray-address", metavar="ADDRESS",
+                   help="run on this Ray cluster instead (e.g. auto, or head-host:6379): one "
+                        "one-CPU task per run; --runs-dir must be on a file system every node "
+                        "sees")
     b.add_argument("--runs-dir", type=Path, default=Path("runs/bench"),
                    help="one directory per run; finished runs there are reused")
     b.add_argument("--report", type=Path, default=Path("docs/benchmark.md"),
@@ -112,8 +116,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         ran += line.startswith("[")
         print(line, flush=True)
 
-    rows = run_matrix(cells, args.runs_dir, workers=args.workers, retry_failed=args.retry_failed,
-                      log=log)
+    rows = run_matrix(cells, args.runs_dir.resolve(), workers=args.workers,
+                      retry_failed=args.retry_failed, log=log, ray_address=args.ray_address)
     load1 = os.getloadavg()[0]
     folder = args.report.with_suffix("")
     data_file = folder / "runs.jsonl"
@@ -124,7 +128,9 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     reading = reading_file.read_text() if reading_file.is_file() else None
     command = "fedcluster " + " ".join(shlex.quote(a) for a in (argv or ["bench"]))
     info = {"compute_min": sum(r.get("wall_time_s") or 0 for r in rows) / 60.0,
-            "workers": args.workers, "cores": os.cpu_count(), "ran": ran,
+            "where": (f"on the Ray cluster at {args.ray_address}" if args.ray_address
+                      else f"on {args.workers} worker process(es)"),
+            "cores": os.cpu_count(), "ran": ran,
             "elapsed_min": (time.time() - t0) / 60.0,
             "load": f"{load0:.1f} at its start, {load1:.1f} at its end"}
     text = R.render(rows, strategies, protocol, command, plots, args.report, data_file,

@@ -370,9 +370,9 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         f"{len(rows) - ok} could not run or failed (listed below with the reason)."),
         (f"- Compute: {run_info['compute_min']:.1f} min of run time (the runs' own wall times, "
         f"summed; `s/run` below). The invocation that wrote this page ran "
-        f"{run_info['ran']} of the runs in {run_info['elapsed_min']:.1f} min on "
-        f"{run_info['workers']} worker process(es) on a {run_info['cores']}-core machine, load "
-        f"average {run_info['load']}; the others were finished before and reused."),
+        f"{run_info['ran']} of the runs in {run_info['elapsed_min']:.1f} min {run_info['where']} "
+        f"(this machine: {run_info['cores']} cores, load average {run_info['load']}); the others "
+        f"were finished before and reused."),
         "",
         "## Protocol",
         "",

@@ -74,9 +74,31 @@ def _score(cell: Cell, out: Path) -> dict[str, Any]:
                 **scores)
 
 
+def _run_on_ray(todo: dict[Cell, dict], address: str,
+                finished: Callable[[Cell, tuple], None]) -> None:
+    """Every run as a one-CPU Ray task on the cluster at ``address``: the cluster's CPUs set how
+    many run at once. Each task writes its run directory itself, so the runs directory must be
+    on a file system every node of the cluster sees."""
+    import ray
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        task = ray.remote(num_cpus=1)(_run_one)
+        pending = {task.remote(config): cell for cell, config in todo.items()}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                finished(pending.pop(ref), ray.get(ref))
+    finally:
+        ray.shutdown()
+
+
 def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed: bool = False,
-               log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Run what is not finished, then score every cell; one row per cell, in ``cells``' order."""
+               log: Callable[[str], None] = print,
+               ray_address: str | None = None) -> list[dict[str, Any]]:
+    """Run what is not finished, then score every cell; one row per cell, in ``cells``' order.
+    Runs go to a process pool of ``workers`` on this machine, or with ``ray_address`` to the
+    Ray cluster there."""
     from fedcluster_app.core.results import read_summary
 
     rows: dict[Cell, dict[str, Any]] = {}
@@ -95,8 +117,9 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
         todo[cell] = {**config, "out-dir": str(out.resolve()), "overwrite": True}
 
     skipped = len(cells) - len(todo) - len(rows)
+    where = f"on the Ray cluster at {ray_address}" if ray_address else f"with {workers} worker(s)"
     log(f"bench: {len(cells)} runs: {skipped} finished before, {len(rows)} cannot run, "
-        f"{len(todo)} to run with {workers} worker(s)")
+        f"{len(todo)} to run {where}")
     done = 0
 
     def finished(cell: Cell, result: tuple[str, str | None, float]) -> None:
@@ -106,7 +129,9 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
         note = f"{status}" + (f": {error}" if status == "failed" else "")
         log(f"[{done}/{len(todo)}] {cell.name} {note} ({seconds:.1f} s)")
 
-    if workers <= 1:
+    if ray_address and todo:
+        _run_on_ray(todo, ray_address, finished)
+    elif workers <= 1:
         for cell, config in todo.items():
             finished(cell, _run_one(config))
     else:
