@@ -185,3 +185,16 @@ def test_a_strategy_that_refuses_a_scenario_is_listed_with_its_reason(tmp_path):
     assert "| feddrift | cannot run: " in table and "at least 2 time steps" in table
     assert "at least 2 time steps" in "\n".join(R.cannot_run_list(rows))
     assert R.ranks(rows, "acc_next") == {sc.key: {}}
+
+
+def test_a_cell_scores_against_the_scenario_its_run_builds():
+    # keys of the common protocol that move the drift (here drift-step) count when the bench
+    # rebuilds the scenario to find the drifts and the number of concepts
+    sc = M.BenchScenario("mixture", "mix", "sudden")
+    late = M.Cell(sc, "fedavg", 0, tuple(sorted({**M.PROTOCOL, "drift-step": 5}.items())))
+    default = M.Cell(sc, "fedavg", 0, tuple(sorted(M.PROTOCOL.items())))
+    assert drift_steps(M.bench_scenario(default).concept_matrix()) == [3]
+    assert drift_steps(M.bench_scenario(late).concept_matrix()) == [5]
+    assert M.num_concepts(default) == 4          # original + the three kinds of shift
+    assert M.num_concepts(M.Cell(M.BenchScenario("mixture", "mix", "none"), "fedavg", 0,
+                                 default.protocol)) == 1

@@ -19,7 +19,7 @@ FedSoft) is the number of concepts the scenario uses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fedcluster_app.core.config import ConfigValue, suggest
 
@@ -106,34 +106,35 @@ class Cell:
     strategy: str
     seed: int
     protocol: tuple[tuple[str, ConfigValue], ...] = ()
-    extra: tuple[tuple[str, ConfigValue], ...] = field(default=())
 
     @property
     def name(self) -> str:
         return f"{self.scenario.key}/{self.strategy}/seed{self.seed}"
 
-    def run_config(self, num_clusters: int) -> dict[str, ConfigValue]:
+    def config(self) -> dict[str, ConfigValue]:
+        """The cell's run config but ``num-clusters`` (which :func:`num_concepts` gives)."""
         return {**dict(self.protocol), **self.scenario.run_config(), "strategy": self.strategy,
-                "seed": self.seed, "num-clusters": num_clusters, "progress": False,
-                **dict(self.extra)}
+                "seed": self.seed, "progress": False}
 
-
-def num_concepts(cell: Cell) -> int:
-    """The concepts the cell's scenario uses over its steps and clients (at least 1)."""
-    sc = bench_scenario(cell)
-    used = {sc.concept(k, t) for k in range(sc.num_clients) for t in range(1, sc.num_steps + 1)}
-    return max(1, len(used))
+    def run_config(self, num_clusters: int) -> dict[str, ConfigValue]:
+        return {**self.config(), "num-clusters": num_clusters}
 
 
 def bench_scenario(cell: Cell):
-    """The catalogue scenario a cell runs on, built with the protocol's sizes."""
-    from fedcluster_app.core.data import build_scenario
+    """The scenario the cell's run builds: from its own run config, by the run's own path, so
+    every key the protocol sets (``drift-step``, ``schedule``, ``data-seed``, ...) counts."""
+    from fedcluster_app.api import run_config_defaults
+    from fedcluster_app.core.config import merge_overrides
+    from fedcluster_app.core.experiment import load_experiment
 
-    p = dict(cell.protocol)
-    return build_scenario(cell.scenario.scenario, seed=cell.seed,
-                          num_clients=int(p.get("num-clients", 0)),
-                          num_steps=int(p.get("num-steps", 0)),
-                          drift_pattern=cell.scenario.pattern)
+    config = cell.config()
+    return load_experiment(merge_overrides(run_config_defaults(config), config),
+                           server=True).scenario
+
+
+def num_concepts(cell: Cell) -> int:
+    """The concepts the cell's scenario uses over its steps and clients."""
+    return len(set(bench_scenario(cell).concept_matrix().flat))
 
 
 def cannot_run(cell: Cell, run_config: dict[str, ConfigValue]) -> str | None:

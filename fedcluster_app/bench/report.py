@@ -230,17 +230,27 @@ def _colours(strategies: list[str]) -> dict[str, Any]:
     return {s: cmap((2 * i) % 20 + (2 * i // 20) % 2) for i, s in enumerate(strategies)}
 
 
-def plot_assignments(rows: list[dict], scenario: str, strategies: list[str], out: Path,
-                     seed: int | None = None) -> Path | None:
-    """Client x round heat maps of the cluster each client is in (one panel per strategy) on one
-    scenario and seed; white: in no cluster. The first panel is the true concepts."""
+def _one_seed(rows: list[dict], scenario: str, strategies: list[str], seed: int | None
+              ) -> tuple[int, dict[str, dict], list[str]] | None:
+    """The finished runs of one scenario and seed (``None``: the first seed there is):
+    (seed, strategy -> row, the strategies shown in order), or None when there is none."""
     picked = [r for r in rows if r["scenario"] == scenario and r["status"] in OK
               and (seed is None or r["seed"] == seed)]
     if not picked:
         return None
     seed = picked[0]["seed"] if seed is None else seed
     runs = {r["strategy"]: r for r in picked if r["seed"] == seed}
-    shown = [s for s in strategies if s in runs]
+    return seed, runs, [s for s in strategies if s in runs]
+
+
+def plot_assignments(rows: list[dict], scenario: str, strategies: list[str], out: Path,
+                     seed: int | None = None) -> Path | None:
+    """Client x round heat maps of the cluster each client is in (one panel per strategy) on one
+    scenario and seed; white: in no cluster. The first panel is the true concepts."""
+    picked = _one_seed(rows, scenario, strategies, seed)
+    if picked is None:
+        return None
+    seed, runs, shown = picked
     cols = 4
     nrows = math.ceil((len(shown) + 1) / cols)
     fig = new_figure((4.0 * cols, 2.6 * nrows))
@@ -265,14 +275,11 @@ def plot_confusion(rows: list[dict], scenario: str, strategies: list[str], out: 
                    seed: int | None = None) -> Path | None:
     """Concept x cluster mass at the last evaluation (share of each concept's clients per
     cluster) for each strategy on one scenario and seed."""
-    picked = [r for r in rows if r["scenario"] == scenario and r["status"] in OK
-              and r["series"].get("concept_cluster_mass")
-              and (seed is None or r["seed"] == seed)]
-    if not picked:
+    picked = _one_seed([r for r in rows if r["status"] in OK
+                        and r["series"].get("concept_cluster_mass")], scenario, strategies, seed)
+    if picked is None:
         return None
-    seed = picked[0]["seed"] if seed is None else seed
-    runs = {r["strategy"]: r for r in picked if r["seed"] == seed}
-    shown = [s for s in strategies if s in runs]
+    seed, runs, shown = picked
     cols = 4
     nrows = math.ceil(len(shown) / cols)
     fig = new_figure((3.4 * cols, 2.6 * nrows))

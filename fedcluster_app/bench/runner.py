@@ -18,8 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fedcluster_app.bench.matrix import Cell, bench_scenario, cannot_run, num_concepts
 from fedcluster_app.bench.scores import score_run
 
@@ -28,13 +26,6 @@ COMPLETED = ("completed", "degraded")
 
 def run_dir(runs_dir: Path, cell: Cell) -> Path:
     return Path(runs_dir) / cell.scenario.key / cell.strategy / f"seed{cell.seed}"
-
-
-def concept_matrix(cell: Cell) -> np.ndarray:
-    """steps x clients: each client's true concept at each step (step 1 in row 0)."""
-    sc = bench_scenario(cell)
-    return np.array([[sc.concept(k, t) for k in range(sc.num_clients)]
-                     for t in range(1, sc.num_steps + 1)], dtype=np.int64)
 
 
 def _run_one(run_config: dict) -> tuple[str, str | None, float]:
@@ -65,7 +56,7 @@ def _score(cell: Cell, out: Path) -> dict[str, Any]:
         return _row(cell, "failed", summary.get("error") or summary.get("reason"))
     rounds_per_step = int(summary.get("config", {}).get("rounds-per-step")
                           or dict(cell.protocol)["rounds-per-step"])
-    concepts = concept_matrix(cell)
+    concepts = bench_scenario(cell).concept_matrix()
     try:
         scores = score_run(summary, records, concepts, rounds_per_step)
     except ValueError as ex:

@@ -268,8 +268,8 @@ class Protocol:
             task.config[P.TEST_SPLIT] = split
         with contextlib.nullcontext() if counted else self.scoring_only():
             replies = self.s.exchange(grid, kind, tasks)
-        accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies if P.ACCURACY in r.metrics}
-        return (float(np.mean(list(accs.values()))) if accs else None), accs
+        replies = [r for r in replies if P.ACCURACY in r.metrics]
+        return mean_accuracy(replies), {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
 
     def score_next(self, grid: Grid, step: int, tasks: dict[int, Task],
                    kind: str = P.EVALUATE) -> dict[str, Any]:
