@@ -163,11 +163,14 @@ def test_the_process_pool_runs_every_cell(tmp_path):
     sc = M.BenchScenario("mixture", "label", "sudden")
     cells = [M.Cell(sc, s, seed, protocol) for s in ("fedavg", "local") for seed in (0, 1)]
     logs: list[str] = []
-    rows = run_matrix(cells, tmp_path, workers=2, log=logs.append)
+    rows, ran = run_matrix(cells, tmp_path, workers=2, log=logs.append)
     assert [r["status"] for r in rows] == ["completed"] * 4, logs
     assert [(r["strategy"], r["seed"]) for r in rows] == [("fedavg", 0), ("fedavg", 1),
                                                           ("local", 0), ("local", 1)]
-    assert sum(line.startswith("[") for line in logs) == 4
+    assert ran == 4 and sum(line.startswith("[") for line in logs) == 4
+    # a second call finds them finished and runs nothing
+    again, ran = run_matrix(cells, tmp_path, workers=2, log=logs.append)
+    assert ran == 0 and again == rows
 
 
 def test_a_strategy_that_refuses_a_scenario_is_listed_with_its_reason(tmp_path):

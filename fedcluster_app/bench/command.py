@@ -109,15 +109,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                                       "finished" if done else "to run"))
         return 0
     t0, load0 = time.time(), os.getloadavg()[0]
-    ran = 0
-
-    def log(line: str) -> None:
-        nonlocal ran
-        ran += line.startswith("[")
-        print(line, flush=True)
-
-    rows = run_matrix(cells, args.runs_dir.resolve(), workers=args.workers,
-                      retry_failed=args.retry_failed, log=log, ray_address=args.ray_address)
+    rows, ran = run_matrix(cells, args.runs_dir.resolve(), workers=args.workers,
+                           retry_failed=args.retry_failed,
+                           log=lambda line: print(line, flush=True),
+                           ray_address=args.ray_address)
     load1 = os.getloadavg()[0]
     folder = args.report.with_suffix("")
     data_file = folder / "runs.jsonl"

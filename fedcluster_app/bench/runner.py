@@ -86,9 +86,9 @@ def _run_on_ray(todo: dict[Cell, dict], address: str,
 
 def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed: bool = False,
                log: Callable[[str], None] = print,
-               ray_address: str | None = None) -> list[dict[str, Any]]:
-    """Run what is not finished, then score every cell; one row per cell, in ``cells``' order.
-    Runs go to a process pool of ``workers`` on this machine, or with ``ray_address`` to the
+               ray_address: str | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Run what is not finished, then score every cell: one row per cell, in ``cells``' order,
+    and the number of runs this call made. Runs go to a process pool of ``workers`` on this machine, or with ``ray_address`` to the
     Ray cluster there."""
     from fedcluster_app.core.results import read_summary
 
@@ -144,4 +144,4 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
             rows[cell] = (_score(cell, out) if (out / "summary.json").is_file()
                           else _row(cell, "failed", "the run left no summary.json"))
         out_rows.append(rows[cell])
-    return out_rows
+    return out_rows, len(todo)

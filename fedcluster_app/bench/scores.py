@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from fedcluster_app.core.data.scenarios import concept_changes
+
 #: accuracy within this of the pre-drift accuracy counts as recovered
 RECOVERY_TOLERANCE = 0.02
 
@@ -41,8 +43,7 @@ def _mean(values) -> float | None:
 def drift_steps(concepts: np.ndarray) -> list[int]:
     """The steps t >= 2 at which some client's concept differs from step t-1 (``concepts``:
     steps x clients, step 1 in row 0)."""
-    return [t for t in range(2, concepts.shape[0] + 1)
-            if np.any(concepts[t - 1] != concepts[t - 2])]
+    return sorted({t for t, *_ in concept_changes(concepts)})
 
 
 def score_run(summary: dict, records: list[dict], concepts: np.ndarray,

@@ -365,6 +365,15 @@ def _resolve_schedule_source(schedule: str) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------- Scenario
 
 
+
+def concept_changes(matrix: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """``(step, client, old_concept, new_concept)`` for every step > 1 where a client's concept
+    differs from the step before, ordered by step then client (``matrix``: steps x clients,
+    step 1 in row 0)."""
+    m = np.asarray(matrix)
+    return [(t, int(k), int(m[t - 2, k]), int(m[t - 1, k]))
+            for t in range(2, m.shape[0] + 1) for k in np.flatnonzero(m[t - 1] != m[t - 2])]
+
 class Scenario:
     """One concrete scenario instance; deterministic given its parameters (see module doc).
 
@@ -461,12 +470,7 @@ class Scenario:
     def drift_events(self) -> list[tuple[int, int, int, int]]:
         """``(step, client, old_concept, new_concept)`` for every step > 1 where the concept of a
         client changes, ordered by step then client."""
-        m = self._matrix
-        events = []
-        for t in range(2, self.num_steps + 1):
-            for k in np.flatnonzero(m[t - 1] != m[t - 2]):
-                events.append((t, int(k), int(m[t - 2, k]), int(m[t - 1, k])))
-        return events
+        return concept_changes(self._matrix)
 
     # -- data -------------------------------------------------------------------------------
     @property
