@@ -165,8 +165,8 @@ def main() -> None:
 
 
 #: the summary fields a raw row keeps
-ROW_FIELDS = ("acc_omit", "acc_include", "models_final", "models_sent_down", "models_sent_up",
-              "wall_time_s", "status")
+ROW_FIELDS = ("acc_omit", "acc_include", "models_final", "num_clusters_final", "ari_final",
+              "models_sent_down", "models_sent_up", "wall_time_s", "status")
 
 
 def write_jsonl(results: dict, args) -> None:
