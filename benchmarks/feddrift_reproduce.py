@@ -130,7 +130,13 @@ def main() -> None:
     ap.add_argument("--out", default="", help="markdown file for the table (default: print only)")
     ap.add_argument("--table-only", action="store_true",
                     help="run nothing: render the table from the finished runs in --runs-dir")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --jsonl: keep the rows already there for runs not made now (same "
+                         "datasets, seeds and setting) and render the table from all of them, "
+                         "e.g. to refresh one method's rows after a change to it")
     args = ap.parse_args()
+    if args.merge and not args.jsonl:
+        ap.error("--merge needs --jsonl (the rows to merge into)")
 
     from fedcluster_app.api import STRATEGIES
 
@@ -156,6 +162,11 @@ def main() -> None:
             print(f"[{len(results)}/{len(jobs)}] {key[0]:16s} {key[1]:8s} seed {key[2]}: "
                   f"omit {100 * s['acc_omit']:.2f} incl {100 * s['acc_include']:.2f} "
                   f"models {s.get('models_final')} {s['wall_time_s']:.1f}s", flush=True)
+    if args.merge:
+        kept = merged_rows(args, set(results))
+        results.update(kept)
+        present = {m for m, _, _ in results}
+        methods = sorted(present, key=lambda m: TABLE_ORDER.get(m, 99))
     table = render(results, methods, missing, args, time.time() - t0)
     print(table)
     if args.out:
@@ -169,6 +180,22 @@ ROW_FIELDS = ("acc_omit", "acc_include", "models_final", "num_clusters_final", "
               "models_sent_down", "models_sent_up", "wall_time_s", "status")
 
 
+def merged_rows(args, made: set) -> dict[tuple, dict]:
+    """The rows of ``args.jsonl`` with this invocation's setting, less those made now (the
+    fields the tables read: a row serves as the run's summary)."""
+    path = Path(args.jsonl)
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    out = {}
+    for r in rows:
+        key = (r["method"], r["dataset"], r["seed"])
+        same = (r["dataset"] in args.datasets and r["seed"] in args.seeds
+                and (r["data_seed"], r["rounds"], r["local_steps"], r["optimizer_state"])
+                == (args.data_seed, args.rounds, args.local_steps, args.optimizer_state))
+        if same and key not in made:
+            out[key] = r
+    return out
+
+
 def write_jsonl(results: dict, args) -> None:
     """One JSON line per run, in a stable order: what the tables are computed from."""
     with open(args.jsonl, "w") as fh:
@@ -176,7 +203,8 @@ def write_jsonl(results: dict, args) -> None:
             row = {"method": m, "strategy": PAPER[m][0], "dataset": d, "seed": s,
                    "data_seed": args.data_seed, "rounds": args.rounds,
                    "local_steps": args.local_steps, "optimizer_state": args.optimizer_state,
-                   **{f: results[(m, d, s)].get(f) for f in ROW_FIELDS}}
+                   **{f: results[(m, d, s)].get(f) for f in ROW_FIELDS
+                      if f in results[(m, d, s)]}}
             fh.write(json.dumps(row) + "\n")
 
 
@@ -221,8 +249,25 @@ def checks(results: dict, args) -> list[str]:
     return out
 
 
+def _with_methods(argv: list[str], methods: list[str]) -> list[str]:
+    """``argv`` with its ``--methods`` list replaced by ``methods``."""
+    out, skip = [], False
+    for a in argv:
+        if a == "--methods":
+            skip = True
+            continue
+        if skip and not a.startswith("--"):
+            continue
+        skip = False
+        out.append(a)
+    return out + ["--methods", *methods]
+
+
 def render(results: dict, methods: list[str], missing: list[str], args, elapsed: float) -> str:
-    cmd = "python benchmarks/feddrift_reproduce.py " + shlex.join(a for a in sys.argv[1:] if a != "--table-only")
+    argv = [a for a in sys.argv[1:] if a not in ("--table-only", "--merge")]
+    if args.merge:   # the page names the command that makes every row from scratch
+        argv = _with_methods(argv, methods)
+    cmd = "python benchmarks/feddrift_reproduce.py " + shlex.join(argv)
     lines = [
         f"Reproduction: R = {args.rounds} rounds per step, K = {args.local_steps} local steps, "
         f"seeds {args.seeds} (data seed {args.data_seed}), in-process engine, "
@@ -262,7 +307,12 @@ def render(results: dict, methods: list[str], missing: list[str], args, elapsed:
     if missing:
         lines += ["", "Not implemented, so not run: " + ", ".join(missing) + "."]
     run_s = sum(r["wall_time_s"] for r in results.values())
-    if args.table_only:
+    if args.merge:
+        made = sum(1 for r in results.values() if "method" not in r)   # kept rows carry it
+        lines += ["", f"{made} runs made by the last invocation ({elapsed / 60:.1f} min with "
+                      f"{args.workers} worker(s)); the other {len(results) - made} rows kept from "
+                      f"the raw rows file; run times add up to {run_s / 60:.1f} min."]
+    elif args.table_only:
         lines += ["", f"Rendered from the finished runs; their run times add up to {run_s / 60:.1f} min "
                       f"(s/run above: in-process, measured while the runs shared the 2 cores)."]
     else:
