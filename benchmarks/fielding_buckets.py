@@ -14,16 +14,24 @@ baseline (TTA(baseline) / TTA(fielding)).
 
 ``--clients`` changes the population (M stays 30% of it unless ``--participants`` says), and
 ``--prox-mu`` trains every method with FedProx, as the paper runs them; ``--jsonl`` writes one
-JSON line per run (the raw results of the table).
+JSON line per run (the raw results of the table; ``final_last_5`` is the table's final accuracy,
+``final_accuracy`` the summary's, of the last round).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
-from fielding_common import fmt, rounds_to_target, run, time_to_target, window
+from fielding_common import (
+    fmt,
+    record,
+    rounds_to_target,
+    run,
+    time_to_target,
+    window,
+    write_jsonl,
+)
 
 M = {"digits-buckets": 9, "mixture-buckets": 15}
 
@@ -54,6 +62,8 @@ def main() -> None:
             runs = {s: run(s, scenario, seed, **base) for s in args.strategies}
             last = runs["fedavg"][1][-1]["round"]  # final accuracy = mean of the last 5 rounds
             target = runs["fedavg"][0]["final_accuracy"]
+            f_tta = (time_to_target(runs["fielding"][1], target, base["local-steps"])
+                     if "fielding" in runs else None)
             for s, (summary, rounds, secs) in runs.items():
                 tta_r = rounds_to_target(rounds, target)
                 tta_s = time_to_target(rounds, target, base["local-steps"])
@@ -61,11 +71,13 @@ def main() -> None:
                         rounds[-1].get("fielding_reclusters", rounds[-1].get("auxo_splits")),
                         rounds[-1]["num_clusters"], tta_r, tta_s]
                 table.setdefault(s, []).append(vals)
-                rows.append({"scenario": scenario, "strategy": s, "seed": seed,
-                             "clients": summary.get("num_clients"), "participants": m,
-                             "prox_mu": args.prox_mu, "final_acc": vals[0], "mean_acc": vals[1],
-                             "reclusters": vals[2], "k_end": vals[3], "tta_rounds": tta_r,
-                             "tta_sim_s": tta_s, "target": target, "wall_s": round(secs, 1)})
+                rows.append(record(
+                    seed, s, base, summary, secs, strategy=s, scenario=scenario,
+                    clients=summary.get("num_clients"), participants=m, prox_mu=args.prox_mu,
+                    final_last_5=vals[0], mean_accuracy=vals[1], reclusters_or_splits=vals[2],
+                    k_end=vals[3], tta_rounds=tta_r, tta_sim_s=tta_s, target=target,
+                    fielding_speedup_sim=(tta_s / f_tta if tta_s and f_tta else None)
+                    if s != "fielding" else None))
                 print(f"{scenario} seed {seed} {s:10s} final={fmt(vals[0])} mean={fmt(vals[1])} "
                       f"reclusters/splits={vals[2]} K={vals[3]} TTA rounds={fmt(tta_r)} "
                       f"TTA sim s={fmt(tta_s, 1)} target={target:.3f} ({secs:.0f} s)", flush=True)
@@ -82,9 +94,7 @@ def main() -> None:
                   f"| {'/'.join(fmt(v[2]) for v in vals)} | {'/'.join(str(v[3]) for v in vals)} "
                   f"| {'/'.join(fmt(v[4]) for v in vals)} | {'/'.join(fmt(v[5], 1) for v in vals)} "
                   f"| {'/'.join(speed)} |", flush=True)
-    if args.jsonl:
-        with open(args.jsonl, "w") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
+    write_jsonl(args.jsonl, rows)
 
 
 if __name__ == "__main__":

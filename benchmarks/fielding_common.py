@@ -9,10 +9,15 @@ train in parallel, so a round costs one participant's model download + upload
 (bytes_up / trained_clients of the round, twice) over ``bandwidth`` bytes/s, plus ``local-steps``
 SGD steps of ``step_s`` seconds, plus Fielding's drift reports (4 bytes per reported coordinate,
 ``fielding_report_bytes`` per round, spread over the clients that reported).
+
+Raw rows (``--jsonl FILE`` of every Fielding benchmark): ``record`` builds one JSON line per run
+-- the run's seed, variant, strategy, scenario and config overrides, the numbers its table shows,
+the summary's final accuracy and the run's wall time -- and ``write_jsonl`` writes them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -30,7 +35,6 @@ from fedcluster_app.core.results import (  # noqa: E402,F401  (re-exported for t
     rounds_to_target,
     time_to_target,
 )
-from fedcluster_app.engine import run_inprocess  # noqa: E402
 
 OUT = Path(os.environ.get("FIELDING_BENCH_OUT", "/tmp/fielding-bench"))
 
@@ -41,6 +45,9 @@ def run(strategy: str, scenario: str, seed: int, **overrides) -> tuple[dict, lis
     out = OUT / f"{scenario}-{strategy}-s{seed}{'-' + tag if tag else ''}"
     cfg = {"strategy": strategy, "scenario": scenario, "seed": seed, "overwrite": True, "out-dir": str(out),
            "progress": False, "plot": False, "protocol": "none", **overrides}
+    # imported here, not at the top: the timing benchmarks import this module too
+    from fedcluster_app.engine import run_inprocess
+
     t0 = time.perf_counter()
     summary = run_inprocess(cfg)
     return summary, load_run(out)[1], time.perf_counter() - t0
@@ -53,3 +60,25 @@ def window(rounds: list[dict], first: int, last: int) -> float:
 
 def fmt(x, nd=3) -> str:
     return "-" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+
+def record(seed, variant: str, config: dict, summary: dict | None = None, secs: float | None = None,
+           **numbers) -> dict:
+    """One raw row of a benchmark's table: the run's seed, variant (method), config overrides and
+    the numbers the table shows (``numbers``: strategy, scenario, windows, counts, times), then the
+    summary's final accuracy and the run's wall time in seconds."""
+    row = {"seed": seed, "variant": variant, "config": config, **numbers}
+    if summary is not None:
+        row["final_accuracy"] = summary.get("final_accuracy")
+    if secs is not None:
+        row["wall_s"] = round(secs, 1)
+    return row
+
+
+def write_jsonl(path: str, rows: list[dict]) -> None:
+    """Write ``rows`` to ``path``, one JSON line each (nothing when ``path`` is empty)."""
+    if not path:
+        return
+    with open(path, "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    print(f"wrote {path} ({len(rows)} rows)")

@@ -17,11 +17,10 @@ behind the choice of the squared Euclidean distance for gradients.
 from __future__ import annotations
 
 import argparse
-import json
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
-from fielding_common import run, window
+from fielding_common import run, window, write_jsonl
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.families.fielding import client as fielding_client
@@ -125,10 +124,7 @@ def main() -> None:
                 cells.append(f"{min(g[0] for g in got):.3f} - {max(g[1] for g in got):.3f} "
                              f"({sum(g[2] for g in got)})" if got else "-")
             print(f"| {metric} | {cells[0]} | {cells[1]} |")
-    if args.jsonl:
-        with open(args.jsonl, "w") as fh:
-            fh.writelines(json.dumps(ln) + "\n" for ln in lines)
-        print(f"wrote {args.jsonl} ({len(lines)} runs)")
+    write_jsonl(args.jsonl, lines)
 
 
 if __name__ == "__main__":

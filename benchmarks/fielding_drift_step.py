@@ -28,7 +28,12 @@ end; all times are medians over ``--repeat`` runs.
 
     python benchmarks/fielding_drift_step.py [--clients 5078] [--labels 100] [--n-init 10]
         [--n-keep 2] [--engines before exact default] [--tol 0] [--repeat 3] [--dense]
-        [--target 0.5]
+        [--target 0.5] [--jsonl FILE]
+
+``--jsonl`` writes one JSON line per engine: the run's settings, the load average (1, 5 and
+15 min) at the start and the end, the medians the last lines print (moves + trigger, the
+re-clustering, the step with it, its ratio to the target, CPU times) and every repeat's times,
+moves, K and silhouette.
 
 ``--dense`` times Dirichlet(0.5) vectors instead (every label present in every window: the
 worst case for the l1 distance code, which otherwise works on the non-zero entries only; there
@@ -46,6 +51,7 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from fielding_common import record, write_jsonl
 
 from fedcluster_app.families.fielding import clustering as core  # noqa: E402
 
@@ -94,7 +100,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target", type=float, default=0.5,
                     help="seconds for the drift-handling step with global re-clustering")
+    ap.add_argument("--jsonl", default="", help="write one JSON line per engine here")
     args = ap.parse_args()
+    t_start = time.perf_counter()
     engines = {e: dict(ENGINES[e]) for e in args.engines}
     if "default" in engines:
         engines["default"]["keep"] = args.n_keep or None
@@ -107,7 +115,7 @@ def main() -> None:
         after[half] = rng.dirichlet(np.full(args.labels, 0.5), size=len(half))
     else:
         before, after = bucket_trace(args.clients, args.labels, args.seed)
-    load_start = load()
+    load_start, avg_start = load(), os.getloadavg()
     print(f"{args.clients} clients x {args.labels} labels, "
           f"{np.count_nonzero(after) / args.clients:.1f} non-zero labels per vector, "
           f"K = {args.k_min}..{args.k_max}, n-init {args.n_init}, n-keep {args.n_keep}, "
@@ -126,6 +134,8 @@ def main() -> None:
     # the wall time much more than the CPU time
     moves_cpu: list[float] = []
     recl_cpu: dict[str, list[float]] = {e: [] for e in engines}
+    n_moves: list[int] = []
+    found: dict[str, list[tuple[int, float]]] = {e: [] for e in engines}   # (K, silhouette)
     for r in range(args.repeat):
         t0, c0 = time.perf_counter(), time.process_time()
         pts = core.Points(after, "l1")
@@ -133,6 +143,7 @@ def main() -> None:
                                 args.tau)
         moves_s.append(time.perf_counter() - t0)
         moves_cpu.append(time.process_time() - c0)
+        n_moves.append(len(out.moves))
         print(f"run {r + 1}: {len(out.moves)} moves, theta {out.theta:.3f}, max shift "
               f"{max(out.shifts.values()):.3f} (threshold {out.threshold:.3f}) -> "
               f"{out.trigger or 'no re-clustering'}; moves + trigger {moves_s[-1]:.3f} s")
@@ -145,11 +156,12 @@ def main() -> None:
                                seed=[args.seed, r], tol=args.tol, **engines[name])
             recl_s[name].append(time.perf_counter() - t1)
             recl_cpu[name].append(time.process_time() - c1)
+            found[name].append((int(res.k), float(res.silhouette)))
             print(f"  re-clustering, {name:8s}: {recl_s[name][-1]:.3f} s (CPU "
                   f"{recl_cpu[name][-1]:.3f} s), K = {res.k} "
                   f"(silhouette {res.silhouette:.4f})", flush=True)
     moves = float(np.median(moves_s))
-    load_end = load()
+    load_end, avg_end = load(), os.getloadavg()
     print(f"median over {args.repeat} runs; {load_end}:")
     print(f"  moves + trigger: {moves:.3f} s")
     base = recl_s.get("before")
@@ -171,6 +183,25 @@ def main() -> None:
               f"x the target ({'met' if step <= args.target else 'missed'}); CPU {cpu:.3f} s = "
               f"{cpu / args.target:.2f} x")
     print(f"  {load_start} at the start, {load_end} at the end")
+    config = {k: getattr(args, k) for k in ("clients", "labels", "k_min", "k_max", "n_init",
+                                            "n_keep", "tol", "tau", "repeat", "dense")}
+    rows, secs = [], time.perf_counter() - t_start
+    for name, times in recl_s.items():
+        med, med_cpu = float(np.median(times)), float(np.median(recl_cpu[name]))
+        rows.append(record(
+            args.seed, name, {**config, "engine": dict(engines[name])}, None, secs,
+            load_start=list(avg_start), load_end=list(avg_end),
+            moves_trigger_s=moves, moves_trigger_cpu_s=moves_c, reclustering_s=med,
+            reclustering_cpu_s=med_cpu, step_s=moves + med, step_cpu_s=moves_c + med_cpu,
+            target_s=args.target, step_ratio_to_target=(moves + med) / args.target,
+            speedup_over_before=(float(np.median(base)) / med if base is not None
+                                 and name != "before" else None),
+            repeat_seeds=[[args.seed, r] for r in range(args.repeat)], repeat_moves=n_moves,
+            repeat_moves_trigger_s=moves_s, repeat_moves_trigger_cpu_s=moves_cpu,
+            repeat_reclustering_s=times, repeat_reclustering_cpu_s=recl_cpu[name],
+            repeat_k=[k for k, _ in found[name]],
+            repeat_silhouette=[sil for _, sil in found[name]]))
+    write_jsonl(args.jsonl, rows)
 
 
 if __name__ == "__main__":

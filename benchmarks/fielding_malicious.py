@@ -3,7 +3,9 @@
 global model: mean accuracy before the drifts (rounds 1-20, where the lies matter: the initial
 clustering uses them), after them (21-60) and overall.
 
-    python benchmarks/fielding_malicious.py [--fractions 0 0.1 0.2 0.3] [--seeds 0 1 2]
+    python benchmarks/fielding_malicious.py [--fractions 0 0.1 0.2 0.3] [--seeds 0 1 2] [--jsonl FILE]
+
+``--jsonl`` writes one JSON line per run (the raw results of the table).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from fielding_common import run, window
+from fielding_common import record, run, window, write_jsonl
 from fielding_small_large import BASE
 
 
@@ -19,17 +21,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--jsonl", default="", help="write one JSON line per run here")
     args = ap.parse_args()
     rows = {}
+    lines = []
+
+    def windows(seed, name, strategy, config, summary, rounds, secs):
+        vals = (window(rounds, 1, 20), window(rounds, 21, 60), window(rounds, 1, 60))
+        rows.setdefault(name, []).append(vals)
+        lines.append(record(seed, name, config, summary, secs, strategy=strategy,
+                            scenario="labels-small-large", rounds_1_20=vals[0],
+                            rounds_21_60=vals[1], all_rounds=vals[2]))
+
     for seed in args.seeds:
-        g = run("fedavg", "labels-small-large", seed, **BASE)[1]
-        rows.setdefault("fedavg (global)", []).append(
-            (window(g, 1, 20), window(g, 21, 60), window(g, 1, 60)))
+        summary, g, secs = run("fedavg", "labels-small-large", seed, **BASE)
+        windows(seed, "fedavg (global)", "fedavg", BASE, summary, g, secs)
         for f in args.fractions:
-            r = run("fielding", "labels-small-large", seed,
-                    **{**BASE, "fielding.malicious-fraction": f})[1]
-            rows.setdefault(f"fielding, {f:.0%} malicious", []).append(
-                (window(r, 1, 20), window(r, 21, 60), window(r, 1, 60)))
+            config = {**BASE, "fielding.malicious-fraction": f}
+            summary, r, secs = run("fielding", "labels-small-large", seed, **config)
+            windows(seed, f"fielding, {f:.0%} malicious", "fielding", config, summary, r, secs)
             print(f"seed {seed} malicious {f:.0%}: 1-20 {window(r, 1, 20):.3f} 21-60 "
                   f"{window(r, 21, 60):.3f} all {window(r, 1, 60):.3f}; global all "
                   f"{window(g, 1, 60):.3f}", flush=True)
@@ -39,6 +49,7 @@ def main() -> None:
     for name, vals in rows.items():
         m = np.mean(vals, axis=0)
         print(f"| {name} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} |")
+    write_jsonl(args.jsonl, lines)
 
 
 if __name__ == "__main__":

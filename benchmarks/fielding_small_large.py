@@ -8,6 +8,9 @@ final 56-60, mean 21-60), global re-clusterings, final K and the time to the tar
 (the global model's final accuracy, round 60) in rounds and simulated seconds.
 
     python benchmarks/fielding_small_large.py [--seeds 0 1 2] [--strategies fedavg static-cfl fielding]
+                                                [--scenario labels-small-large] [--jsonl FILE]
+
+``--jsonl`` writes one JSON line per run (the raw results of the table).
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from fielding_common import fmt, rounds_to_target, run, time_to_target, window
+from fielding_common import (
+    fmt,
+    record,
+    rounds_to_target,
+    run,
+    time_to_target,
+    window,
+    write_jsonl,
+)
 
 BASE = {"rounds-per-step": 5, "optimizer": "sgd", "lr": 0.3, "local-steps": 5, "batch-size": 20,
         "fraction-train": 0.3, "fielding.participants": 9}
@@ -27,10 +38,14 @@ def main() -> None:
     ap.add_argument("--strategies", nargs="+",
                     default=["fedavg", "static-cfl", "fielding", "fielding-tau0", "fielding-tauinf"])
     ap.add_argument("--scenario", default="labels-small-large")
+    ap.add_argument("--jsonl", default="", help="write one JSON line per run here")
     args = ap.parse_args()
     cols = ["pre 16-20", "d1 21-25", "d2 41-45", "final 56-60", "mean 21-60", "re-clust", "K end",
             "TTA rounds", "TTA sim s"]
+    keys = ["pre_16_20", "drift1_21_25", "drift2_41_45", "final_56_60", "mean_21_60",
+            "reclusters", "k_end", "tta_rounds", "tta_sim_s"]
     rows: dict[str, list[list]] = {}
+    lines = []
     for seed in args.seeds:
         runs = {s: run(s, args.scenario, seed, **BASE) for s in args.strategies}
         target = runs["fedavg"][0]["final_accuracy"] if "fedavg" in runs else None
@@ -42,6 +57,8 @@ def main() -> None:
                     rounds_to_target(rounds, target) if target else None,
                     time_to_target(rounds, target, BASE["local-steps"]) if target else None]
             rows.setdefault(s, []).append(vals)
+            lines.append(record(seed, s, BASE, summary, secs, strategy=s, scenario=args.scenario,
+                                **dict(zip(keys, vals)), target=target))
             print(f"seed {seed} {s:16s} " + " ".join(f"{c}={fmt(v)}" for c, v in zip(cols, vals))
                   + f"  ({secs:.0f} s)", flush=True)
     print(f"\nmean over seeds {args.seeds} (target = fedavg's final-round accuracy of the same seed; TTA per seed):")
@@ -60,6 +77,7 @@ def main() -> None:
             else:
                 cells.append(f"{np.mean(xs):.3f}")
         print(f"| {s} | " + " | ".join(cells) + " |")
+    write_jsonl(args.jsonl, lines)
 
 
 if __name__ == "__main__":
