@@ -5,17 +5,20 @@ Adam (lr 0.01, weight decay 1e-3, batch 50) for a number of steps, and prints te
 the next step's data, per hidden width and seed. Shows why FedDrift's 2-4-2 MLP needs a long
 training budget on CIRCLE-2.
 
-    python benchmarks/central_capacity.py --scenario circle2 --hidden 4 16 --steps 1000 8000
+    python benchmarks/central_capacity.py --scenario circle2 --hidden 4 16 --steps 1000 8000 \
+        [--jsonl FILE]   # one JSON line per (hidden, steps, seed): the raw rows
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import numpy as np
 
-from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.api import build_scenario
+from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.models import ModelSpec, build_model
 from fedcluster_app.core.training import evaluate, limit_threads, local_train
 
@@ -26,7 +29,9 @@ def main() -> None:
     ap.add_argument("--hidden", nargs="+", type=int, default=[4, 16])
     ap.add_argument("--steps", nargs="+", type=int, default=[1000, 8000])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--jsonl", type=Path, help="write one JSON line per trained model here")
     args = ap.parse_args()
+    rows = []
     limit_threads()
     sc = build_scenario(args.scenario, seed=0)
     pool = lambda t: [sc.step_data(c, t) for c in range(sc.num_clients)]  # noqa: E731
@@ -44,8 +49,14 @@ def main() -> None:
                                   batch_size=50)
                 local_train(model, x, y, cfg, np.random.default_rng(seed))
                 accs.append(evaluate(model, xt, yt)[1])
+                rows.append({"scenario": args.scenario, "hidden": hidden, "adam_steps": steps,
+                             "seed": seed, "accuracy_next_step": accs[-1],
+                             "majority_class_rate": float(max(yt.mean(), 1 - yt.mean()))})
             print(f"hidden {hidden:3d}, {steps:5d} Adam steps: accuracy "
                   f"{np.mean(accs):.3f} (seeds: {', '.join(f'{a:.3f}' for a in accs)})")
+    if args.jsonl:
+        args.jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(f"wrote {args.jsonl} ({len(rows)} rows)")
 
 
 if __name__ == "__main__":

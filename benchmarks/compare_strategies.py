@@ -1,15 +1,17 @@
 """Run several strategies x seeds on one scenario in-process and print the comparison table.
 
     python benchmarks/compare_strategies.py --scenario circle2 --strategies fedavg ifca oracle \
-        --seeds 0 1 2 --out runs/compare-circle2 [--set key=value ...]
+        --seeds 0 1 2 --out runs/compare-circle2 [--set key=value ...] [--jsonl FILE]
 
 Each run leaves its own results directory under --out; the table is `fedcluster report` over
-them (the per-(strategy, scenario) block gives mean +- std over seeds).
+them (the per-(strategy, scenario) block gives mean +- std over seeds). ``--jsonl`` also writes
+one JSON line per run: its summary (scalars only) with the settings it ran with.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from fedcluster_app.core.config import parse_assignment
@@ -24,17 +26,25 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=Path("runs/compare"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--jsonl", type=Path, help="write one JSON line per run here (raw rows)")
     args = ap.parse_args()
     extra = dict(parse_assignment(s) for s in args.set)
-    dirs = []
+    dirs, rows = [], []
     for strategy in args.strategies:
         for seed in args.seeds:
             out = (args.out / f"{strategy}-s{seed}").resolve()
-            run_inprocess({**extra, "strategy": strategy, "scenario": args.scenario, "seed": seed,
-                           "overwrite": True, "out-dir": str(out), "progress": False,
-                           "protocol": "none"})
+            summary = run_inprocess({**extra, "strategy": strategy, "scenario": args.scenario,
+                                     "seed": seed, "overwrite": True, "out-dir": str(out),
+                                     "progress": False, "protocol": "none"})
             dirs.append(out)
+            rows.append({"strategy": strategy, "scenario": args.scenario, "seed": seed,
+                         "set": extra, **{k: v for k, v in summary.items()
+                                          if isinstance(v, (int, float, str, type(None)))
+                                          and k != "out_dir"}})
     print(compare_runs(dirs, out_path=args.out / "comparison.png"))
+    if args.jsonl:
+        args.jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(f"wrote {args.jsonl} ({len(rows)} runs)")
 
 
 if __name__ == "__main__":
