@@ -15,7 +15,6 @@ written from the JSON lines alone; --table-only rewrites it without running anyt
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import platform
@@ -54,11 +53,9 @@ METRIC_TEXT = {
 MAX_LIST = 20   # longer lists in a summary are left out of the JSON line
 
 
-def class_cluster_tuples(partitions) -> int:
+def class_cluster_tuples(partitions: dict[str, list[list[int]]]) -> int:
     """FedCCFA: how many distinct tuples of class-level clusters its clients hold (a client's
     tuple: the group it is in for each class; ``partitions``: class -> groups of clients)."""
-    if isinstance(partitions, str):   # metrics.jsonl keeps the nested lists as their repr
-        partitions = ast.literal_eval(partitions)
     tuples: dict[int, list[int]] = {}
     for cls in sorted(partitions, key=int):
         for g, group in enumerate(partitions[cls]):
