@@ -88,8 +88,8 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
                log: Callable[[str], None] = print,
                ray_address: str | None = None) -> tuple[list[dict[str, Any]], int]:
     """Run what is not finished, then score every cell: one row per cell, in ``cells``' order,
-    and the number of runs this call made. Runs go to a process pool of ``workers`` on this machine, or with ``ray_address`` to the
-    Ray cluster there."""
+    and the number of runs this call made. Runs go to a process pool of ``workers`` on this
+    machine, or with ``ray_address`` to the Ray cluster there."""
     from fedcluster_app.core.results import read_summary
 
     rows: dict[Cell, dict[str, Any]] = {}
