@@ -138,6 +138,39 @@ def test_bench_reuses_finished_runs(tiny_bench, capsys):
     assert (root / "doc" / "bench" / "runs.jsonl").read_text() == first
 
 
+def test_rows_of_an_earlier_bench_stand_for_runs_whose_directories_are_gone(tiny_bench, capsys):
+    from fedcluster_app.cli import main
+
+    root, argv = tiny_bench
+    first = R.read_rows(root / "doc" / "bench" / "runs.jsonl")
+    assert all(r["protocol"]["rounds-per-step"] == 2 for r in first)
+    out = root / "regrown"
+    argv2 = list(argv) + ["--reuse-rows", str(root / "doc" / "bench" / "runs.jsonl")]
+    argv2[argv2.index("--runs-dir") + 1] = str(out / "runs")
+    argv2[argv2.index("--report") + 1] = str(out / "bench.md")
+    assert main(argv2) == 0
+    assert "0 finished before, 6 from earlier rows, 0 cannot run, 0 to run" in capsys.readouterr().out
+    assert not (out / "runs").exists()
+    assert R.read_rows(out / "bench" / "runs.jsonl") == first
+
+
+def test_an_earlier_row_counts_only_for_its_own_protocol():
+    from fedcluster_app.bench.runner import reusable_rows
+
+    sc = M.BenchScenario("mixture", "label", "sudden")
+    protocol = tuple(sorted(M.PROTOCOL.items()))
+    cell = M.Cell(sc, "fedavg", 0, protocol)
+    row = {"scenario": sc.key, "strategy": "fedavg", "seed": 0, "status": "completed",
+           "protocol": dict(protocol)}
+    assert reusable_rows([row], [cell]) == {cell: row}
+    longer = M.Cell(sc, "fedavg", 0, tuple(sorted({**M.PROTOCOL, "rounds-per-step": 6}.items())))
+    assert reusable_rows([row], [longer]) == {}
+    assert reusable_rows([{**row, "seed": 1}], [cell]) == {}
+    assert reusable_rows([{**row, "status": "failed"}], [cell]) == {}
+    # a row that does not say what it was run with stands for nothing
+    assert reusable_rows([{k: v for k, v in row.items() if k != "protocol"}], [cell]) == {}
+
+
 def test_bench_refuses_a_bad_protocol_before_running_anything(tmp_path, capsys):
     from fedcluster_app.cli import main
 
@@ -201,3 +234,19 @@ def test_a_cell_scores_against_the_scenario_its_run_builds():
     assert M.num_concepts(default) == 4          # original + the three kinds of shift
     assert M.num_concepts(M.Cell(M.BenchScenario("mixture", "mix", "none"), "fedavg", 0,
                                  default.protocol)) == 1
+
+
+def test_concept_by_cluster_mass_comes_from_the_log_or_the_assignments():
+    # a protocol that logs no mass (FedDrift's): counted from the last scored round's clusters
+    # against that round's step's true concepts (round 4 of 2 per step is in step 2)
+    row = {"concepts": [[0, 0, 0], [0, 0, 0], [0, 1, 1]], "rounds_per_step": 2,
+           "series": {"round": [1, 2, 3, 4], "assignments": [[0, 0, 0]] * 3 + [[0, 2, None]],
+                      "concept_cluster_mass": None}}
+    assert R.concept_cluster_mass(row) == {"0": {"0": 1.0}, "1": {"2": 1.0}}
+    logged = {"0": {"0": 0.7, "1": 0.3}}
+    assert R.concept_cluster_mass({**row, "series": {**row["series"],
+                                                     "concept_cluster_mass": logged}}) == logged
+    # no clusters at all: nothing to draw
+    unassigned = {**row, "series": {**row["series"], "assignments": [[None] * 3] * 4,
+                                    "concept_cluster_mass": {"0": {}}}}
+    assert R.concept_cluster_mass(unassigned) is None

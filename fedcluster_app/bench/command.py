@@ -15,6 +15,7 @@ EPILOG = """\
 examples:
   fedcluster bench --quick                      # a smoke matrix (8 short runs, seconds)
   fedcluster bench --workers 2                  # the full matrix (resumable: run it again to go on)
+  fedcluster bench --workers 2 --reuse-rows docs/benchmark/runs.jsonl   # only what it lacks
   fedcluster bench --datasets digits --strategies fedavg ifca fielding --seeds 0 1 2
   fedcluster bench --report docs/benchmark.md   # where the leaderboard goes (default)
 """
@@ -45,6 +46,10 @@ def add_parser(sub) -> None:
     b.add_argument("--report", type=Path, default=Path("docs/benchmark.md"),
                    help="the leaderboard (markdown); its data and plots go in a folder of the "
                         "same name beside it")
+    b.add_argument("--reuse-rows", type=Path, metavar="RUNS_JSONL",
+                   help="rows of an earlier bench (its runs.jsonl) stand for runs --runs-dir "
+                        "does not hold: a finished row counts when its scenario, strategy, seed "
+                        "and protocol match, so only the missing cells run")
     b.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change the common protocol (every run), e.g. --set rounds-per-step=6")
@@ -108,11 +113,12 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             print(f"{cell.name}: " + (f"cannot run: {why}" if why else
                                       "finished" if done else "to run"))
         return 0
+    reuse = R.read_rows(args.reuse_rows) if args.reuse_rows else None
     t0, load0 = time.time(), os.getloadavg()[0]
     rows, ran = run_matrix(cells, args.runs_dir.resolve(), workers=args.workers,
                            retry_failed=args.retry_failed,
                            log=lambda line: print(line, flush=True),
-                           ray_address=args.ray_address)
+                           ray_address=args.ray_address, reuse=reuse)
     load1 = os.getloadavg()[0]
     folder = args.report.with_suffix("")
     data_file = folder / "runs.jsonl"

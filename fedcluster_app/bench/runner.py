@@ -6,11 +6,17 @@ never run again; a failed run stays failed (its error is the table's reason) unl
 ``retry_failed``; a run stopped before its summary is run again from the start. A strategy that
 refuses the scenario when it is built (its own configuration check) is listed as "cannot run"
 with its message and never started.
+
+Rows of an earlier bench (its ``runs.jsonl``) can stand for runs whose directories are gone
+(``reuse``): a finished row counts for a cell without a finished run directory when its
+scenario, strategy, seed and protocol all match, so a committed benchmark grows by its new cells
+only. A run directory, when there is one, always wins.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import multiprocessing
 import time
 import traceback
@@ -45,7 +51,25 @@ def _row(cell: Cell, status: str, reason: str | None = None, **scores: Any) -> d
     sc = cell.scenario
     return {"scenario": sc.key, "data": sc.data, "shift": sc.shift, "pattern": sc.pattern,
             "catalogue": sc.scenario, "strategy": cell.strategy, "seed": cell.seed,
-            "status": status, "reason": reason, **scores}
+            "protocol": dict(cell.protocol), "status": status, "reason": reason, **scores}
+
+
+def _key(scenario: str | None, strategy: str | None, seed: int, protocol: dict) -> tuple:
+    return scenario, strategy, seed, json.dumps(protocol, sort_keys=True)
+
+
+def reusable_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[Cell, dict[str, Any]]:
+    """The finished rows among ``rows`` that match a cell: same scenario, strategy, seed and
+    protocol (a row without its protocol matches nothing: what it was run with is unknown)."""
+    by_key = {_key(r.get("scenario"), r.get("strategy"), r["seed"], r["protocol"]): r
+              for r in rows if r.get("status") in COMPLETED
+              and isinstance(r.get("protocol"), dict) and isinstance(r.get("seed"), int)}
+    out = {}
+    for cell in cells:
+        row = by_key.get(_key(cell.scenario.key, cell.strategy, cell.seed, dict(cell.protocol)))
+        if row is not None:
+            out[cell] = row
+    return out
 
 
 def _score(cell: Cell, out: Path) -> dict[str, Any]:
@@ -86,18 +110,25 @@ def _run_on_ray(todo: dict[Cell, dict], address: str,
 
 def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed: bool = False,
                log: Callable[[str], None] = print,
-               ray_address: str | None = None) -> tuple[list[dict[str, Any]], int]:
+               ray_address: str | None = None,
+               reuse: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], int]:
     """Run what is not finished, then score every cell: one row per cell, in ``cells``' order,
     and the number of runs this call made. Runs go to a process pool of ``workers`` on this
-    machine, or with ``ray_address`` to the Ray cluster there."""
+    machine, or with ``ray_address`` to the Ray cluster there. ``reuse``: rows of an earlier
+    bench that stand for cells without a finished run directory (:func:`reusable_rows`)."""
     from fedcluster_app.core.results import read_summary
 
     rows: dict[Cell, dict[str, Any]] = {}
     todo: dict[Cell, dict] = {}
+    earlier = reusable_rows(reuse or [], cells)
+    reused = 0
     for cell in cells:
         out = run_dir(runs_dir, cell)
         status = (read_summary(out) or {}).get("status")
         if status in COMPLETED or (status == "failed" and not retry_failed):
+            continue
+        if cell in earlier:
+            rows[cell], reused = earlier[cell], reused + 1
             continue
         config = cell.run_config(num_concepts(cell))
         why = cannot_run(cell, config)
@@ -109,8 +140,9 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
 
     skipped = len(cells) - len(todo) - len(rows)
     where = f"on the Ray cluster at {ray_address}" if ray_address else f"with {workers} worker(s)"
-    log(f"bench: {len(cells)} runs: {skipped} finished before, {len(rows)} cannot run, "
-        f"{len(todo)} to run {where}")
+    log(f"bench: {len(cells)} runs: {skipped} finished before, "
+        + (f"{reused} from earlier rows, " if reuse is not None else "")
+        + f"{len(rows) - reused} cannot run, {len(todo)} to run {where}")
     done = 0
 
     def finished(cell: Cell, result: tuple[str, str | None, float]) -> None:
