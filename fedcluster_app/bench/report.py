@@ -271,20 +271,46 @@ def plot_assignments(rows: list[dict], scenario: str, strategies: list[str], out
     return save_png(fig, out)
 
 
+def concept_cluster_mass(row: dict) -> dict[str, dict[str, float]] | None:
+    """Concept -> cluster -> clients' assignment weight at the last scored round: the run's own
+    log (soft weights where the strategy has them), else counted from its hard assignments and
+    the true concepts (protocols that log no mass, e.g. FedDrift's); None without any cluster."""
+    series = row.get("series") or {}
+    logged = series.get("concept_cluster_mass")
+    if logged and any(logged.values()):
+        return logged
+    concepts, rps = row.get("concepts"), row.get("rounds_per_step")
+    rounds, grids = series.get("round") or [], series.get("assignments") or []
+    for rnd, grid in reversed(list(zip(rounds, grids))):
+        if concepts and rps and any(a is not None for a in grid):
+            step = min(math.ceil(rnd / rps), len(concepts) - 1)   # round r is in step ceil(r/R)
+            mass: dict[str, dict[str, float]] = {}
+            for c, a in enumerate(grid):
+                row_mass = mass.setdefault(str(concepts[step][c]), {})
+                if a is not None:
+                    row_mass[str(a)] = row_mass.get(str(a), 0.0) + 1.0
+            return mass
+    return None
+
+
 def plot_confusion(rows: list[dict], scenario: str, strategies: list[str], out: Path,
                    seed: int | None = None) -> Path | None:
-    """Concept x cluster mass at the last evaluation (share of each concept's clients per
-    cluster) for each strategy on one scenario and seed."""
-    picked = _one_seed([r for r in rows if r["status"] in OK
-                        and r["series"].get("concept_cluster_mass")], scenario, strategies, seed)
+    """Concept x cluster mass at the last scored round (share of each concept's clients per
+    cluster) for each strategy with clusters on one scenario and seed; the title names the
+    strategies left out (no clusters: every client its own model)."""
+    picked = _one_seed(rows, scenario, strategies, seed)
     if picked is None:
         return None
-    seed, runs, shown = picked
+    seed, runs, listed = picked
+    masses = {s: concept_cluster_mass(runs[s]) for s in listed}
+    shown = [s for s in listed if masses[s]]
+    if not shown:
+        return None
     cols = 4
     nrows = math.ceil(len(shown) / cols)
     fig = new_figure((3.4 * cols, 2.6 * nrows))
     for i, s in enumerate(shown):
-        mass = runs[s]["series"]["concept_cluster_mass"]
+        mass = masses[s]
         concepts = sorted(mass, key=int)
         clusters = sorted({c for row in mass.values() for c in row}, key=int)
         m = np.array([[mass[k].get(c, 0.0) for c in clusters] for k in concepts])
@@ -299,7 +325,9 @@ def plot_confusion(rows: list[dict], scenario: str, strategies: list[str], out: 
         ax.set_title(s, fontsize=9)
         ax.set_xlabel("cluster", fontsize=8)
         ax.set_ylabel("concept", fontsize=8)
-    fig.suptitle(f"{scenario}, seed {seed}: concept x cluster at the last evaluation",
+    left_out = [s for s in listed if s not in shown]
+    fig.suptitle(f"{scenario}, seed {seed}: concept x cluster at the last scored round"
+                 + (f" (no clusters: {', '.join(left_out)})" if left_out else ""),
                  fontsize=10, y=1.02)
     return save_png(fig, out)
 
@@ -367,8 +395,9 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         command,
         "```",
         "",
-        (f"Finished runs are reused, so the command re-renders this page from the run directories "
-        f"in seconds and runs only what is missing. Every number below is in "
+        (f"Finished runs are reused (their run directories, or with `--reuse-rows` the rows of "
+        f"an earlier run of the command), so it re-renders this page in seconds and runs only "
+        f"what is missing. Every number below is in "
         f"[`{rel(data_file)}`]({rel(data_file)}) (one JSON line per run: its scores, its drift "
         f"events, the per-round series the plots draw)."),
         "",
