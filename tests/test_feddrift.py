@@ -289,8 +289,81 @@ def test_driftsurf_enters_reactive_state_and_switches_models(tmp_path):
     steps = _steps(summary)
     assert steps[2]["driftsurf_state"] == "stable"
     assert steps[3]["driftsurf_state"] == "reactive"       # everybody flipped at step 3
-    assert steps[6]["switches"] == 1                       # the reactive model became predictive
-    assert steps[6]["driftsurf_state"] == "stable"
+    # r = 3 steps counting step 3: compared at 4 and 5, decided at 5
+    assert steps[4]["driftsurf_state"] == "reactive"
+    assert steps[5]["driftsurf_state"] == "stable"
+    assert steps[5]["switches"] == 1                       # the reactive model became predictive
+
+
+class _ScriptedDriftSurf:
+    """A DriftSurf whose pooled accuracies come from a script: tau -> {"p", "s", "r"}."""
+
+    def __init__(self, script, r=3, delta=0.1):
+        from fedcluster_app.api import make_strategy
+
+        self.ds = ds = make_strategy("driftsurf", driftsurf_reactive=r, driftsurf_delta=delta)
+        ds.clients = {}
+        ds.probe = lambda grid, tau, live: {0: {m: 0.0 for m in live}}
+
+        def pooled(errs, m, tau):
+            return script[tau]["p" if m == ds.p else "s" if m == ds.s else "r"]
+        ds._pooled_acc = pooled
+
+    def step(self, tau):
+        self.ds.begin_step(None, tau)
+        ds = self.ds
+        return {"mode": ds.mode, "train": ds.active_models(tau), "use": ds.use, "p": ds.p,
+                "s": ds.s, "rm": ds.rm}
+
+
+def test_driftsurf_reactive_period_is_r_steps_with_r_minus_1_comparisons():
+    # the drift at 3: the reactive model wins both comparisons (4, 5) and replaces the
+    # predictive one at 5; a fresh stable model starts at 6, the first stable step after
+    good = {"p": 0.9, "s": 0.9, "r": 0.0}
+    script = {2: good, 3: {"p": 0.5, "s": 0.9, "r": 0.0}, 4: {"p": 0.5, "s": 0, "r": 0.8},
+              5: {"p": 0.5, "s": 0, "r": 0.85}, 6: {"p": 0.86, "s": 0.0, "r": 0.0}}
+    sd = _ScriptedDriftSurf(script, r=3)
+    first = sd.step(1)
+    p0, s0 = first["p"], first["s"]
+    assert sd.step(2)["mode"] == "stable"
+    at3 = sd.step(3)
+    assert at3["mode"] == "reactive" and at3["s"] is None and at3["use"] == p0
+    rm = at3["rm"]
+    assert at3["train"] == sorted([p0, rm])
+    at4 = sd.step(4)
+    assert at4["mode"] == "reactive" and at4["use"] == rm       # the better one serves
+    at5 = sd.step(5)
+    assert at5["mode"] == "stable" and at5["p"] == rm and at5["use"] == rm
+    assert at5["train"] == [rm] and sd.ds.switches == 1
+    assert sd.ds.acc_best == 0.85                                  # the reactive model's best
+    at6 = sd.step(6)
+    assert at6["s"] is not None and at6["s"] not in (p0, s0, rm)
+    assert sd.ds.steps[at6["s"]] == [6] and sd.ds.steps[rm][-3:] == [4, 5, 6]
+
+
+def test_driftsurf_losing_reactive_model_serves_its_last_step_then_goes():
+    script = {2: {"p": 0.9, "s": 0.9, "r": 0}, 3: {"p": 0.5, "s": 0.9, "r": 0},
+              4: {"p": 0.7, "s": 0, "r": 0.6}, 5: {"p": 0.6, "s": 0, "r": 0.65},
+              6: {"p": 0.9, "s": 0.0, "r": 0}}
+    sd = _ScriptedDriftSurf(script, r=3)
+    p0 = sd.step(1)["p"]
+    sd.step(2)
+    rm = sd.step(3)["rm"]
+    assert sd.step(4)["use"] == p0
+    at5 = sd.step(5)                 # mean 0.625 < 0.65: the predictive model stays
+    assert at5["mode"] == "stable" and at5["p"] == p0 and sd.ds.switches == 0
+    assert at5["use"] == rm and rm in at5["train"]       # it was the better at 5: it serves 5
+    at6 = sd.step(6)
+    assert rm not in at6["train"] and at6["use"] == p0
+    # acc_best follows the predictive model in either state: 0.9 from step 2 stays the best
+    assert sd.ds.acc_best == 0.9
+
+
+def test_driftsurf_needs_a_reactive_period_of_two_steps():
+    from fedcluster_app.api import make_strategy
+
+    with pytest.raises(ConfigError, match="driftsurf-reactive"):
+        make_strategy("driftsurf", driftsurf_reactive=1)
 
 
 def test_weighted_and_adaptive_fedavg_send_their_training_rules(tmp_path, schedule):

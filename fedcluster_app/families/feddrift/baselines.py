@@ -163,7 +163,27 @@ class WeightedExp(WeightedLinear):
 
 
 class DriftSurf(TimeStepStrategy):
-    """DriftSurf: a server-side stable/reactive state machine over pooled probe accuracies."""
+    """DriftSurf: a server-side stable/reactive state machine over pooled probe accuracies.
+
+    "DriftSurf: Stable-State / Reactive-State Learning under Concept Drift", Tahmasbi et al.,
+    ICML 2021, https://arxiv.org/abs/2003.06508; federated as in the FedDrift paper (the server
+    pools every client's accuracy on its new batch). Each step tau, with a = the predictive
+    model's accuracy and acc_best = max(acc_best, a) (in either state):
+
+    * stable: drift when a < acc_best - delta or a < a_stable - delta / 2 (a_stable = 0 while
+      the stable model has not trained yet); then the stable model goes, a fresh reactive
+      model starts and both it and the predictive model train on tau. Else both the predictive
+      and the stable model train on tau (a fresh stable model starts here after a period).
+    * reactive, for r steps counting the one that entered it (so r - 1 comparisons): each step
+      the better of the two on the new batch serves it, and both train. At the last step the
+      reactive model replaces the predictive one if its mean accuracy over the comparisons is
+      higher (acc_best = its best); a losing reactive model still trains and serves that step
+      and is dropped at the next. The state is stable again.
+
+    As the authors' code (``DriftSurfState.run_ds_algo`` in the FedDrift repository), except
+    that a losing reactive model is dropped at the next step (there it kept serving, untrained,
+    while it had been the better at the last comparison).
+    """
 
     name, description, Params = catalogue.DRIFTSURF.class_attributes()
     MAX_STEPS = 10
@@ -173,6 +193,7 @@ class DriftSurf(TimeStepStrategy):
         self.delta, self.r = self.params.driftsurf_delta, self.params.driftsurf_reactive
         self.mode = "stable"
         self.p = self.s = self.rm = None            # predictive, stable, reactive model ids
+        self.retiring: int | None = None            # a losing reactive model, dropped next step
         self.steps: dict[int, list[int]] = {}       # model -> its training steps
         self.acc_best = 0.0
         self.reactive_acc: dict[str, list[float]] = {"p": [], "r": []}
@@ -188,7 +209,14 @@ class DriftSurf(TimeStepStrategy):
         self.steps.setdefault(m, []).append(tau)
         self.steps[m] = self.steps[m][-self.MAX_STEPS:]
 
+    def _drop(self, m: int) -> None:
+        self.delete_model(m)
+        self.steps.pop(m, None)
+
     def begin_step(self, grid: Grid, tau: int) -> None:
+        if self.retiring is not None:
+            self._drop(self.retiring)
+            self.retiring = None
         if tau == 1:
             self.p, self.s = self.new_model(), self.new_model()
             self._add(self.p, 1)
@@ -198,52 +226,57 @@ class DriftSurf(TimeStepStrategy):
             live = [m for m in (self.p, self.s, self.rm) if m is not None]
             errs = self.probe(grid, tau, live)
             acc = {m: self._pooled_acc(errs, m, tau) for m in live} if errs else {}
-            if self.mode == "stable":
-                acc_p, acc_s = acc.get(self.p, 0.0), acc.get(self.s, 0.0)
-                if errs and (acc_p < self.acc_best - self.delta or acc_p < acc_s - self.delta / 2):
-                    self.mode = "reactive"
-                    self.delete_model(self.s)
-                    self.steps.pop(self.s, None)
-                    self.s = None
-                    self.rm = self.new_model()
-                    self._add(self.rm, tau)
-                    self._add(self.p, tau)
-                    self.reactive_acc = {"p": [], "r": []}
-                    self.events["detected_clients"] = sorted(self.clients)
-                else:
-                    self._add(self.p, tau)
-                    self._add(self.s, tau)
+            acc_p = acc.get(self.p, 0.0)
+            if errs:
                 self.acc_best = max(self.acc_best, acc_p)
-                self.use = self.p
+            if self.mode == "stable":
+                self._stable_step(tau, acc_p, acc.get(self.s, 0.0), bool(errs))
             else:
-                acc_p, acc_r = acc.get(self.p, 0.0), acc.get(self.rm, 0.0)
-                self.reactive_acc["p"].append(acc_p)
-                self.reactive_acc["r"].append(acc_r)
-                if len(self.reactive_acc["r"]) >= self.r:
-                    if np.mean(self.reactive_acc["r"]) > np.mean(self.reactive_acc["p"]):
-                        self.delete_model(self.p)
-                        self.steps.pop(self.p, None)
-                        self.p = self.rm
-                        self.acc_best = max(self.reactive_acc["r"])
-                        self.switches += 1
-                    else:
-                        self.delete_model(self.rm)
-                        self.steps.pop(self.rm, None)
-                    self.rm = None
-                    self.mode = "stable"
-                    self.s = self.new_model()
-                    self._add(self.s, tau)
-                    self._add(self.p, tau)
-                    self.use = self.p
-                else:
-                    self._add(self.p, tau)
-                    self._add(self.rm, tau)
-                    self.use = self.rm if acc_r > acc_p else self.p
+                self._reactive_step(tau, acc_p, acc.get(self.rm, 0.0))
         for cid in self.clients:
             self.assign(cid, self.use)
 
+    def _stable_step(self, tau: int, acc_p: float, acc_s: float, probed: bool) -> None:
+        self.use = self.p
+        if probed and (acc_p < self.acc_best - self.delta or acc_p < acc_s - self.delta / 2):
+            self.mode = "reactive"
+            if self.s is not None:
+                self._drop(self.s)
+                self.s = None
+            self.rm = self.new_model()
+            self._add(self.rm, tau)
+            self._add(self.p, tau)
+            self.reactive_acc = {"p": [], "r": []}
+            self.events["detected_clients"] = sorted(self.clients)
+            return
+        if self.s is None:       # the period is over: a fresh stable model starts here
+            self.s = self.new_model()
+        self._add(self.p, tau)
+        self._add(self.s, tau)
+
+    def _reactive_step(self, tau: int, acc_p: float, acc_r: float) -> None:
+        self.reactive_acc["p"].append(acc_p)
+        self.reactive_acc["r"].append(acc_r)
+        self.use = self.rm if acc_r > acc_p else self.p
+        if len(self.reactive_acc["r"]) < self.r - 1:
+            self._add(self.p, tau)
+            self._add(self.rm, tau)
+            return
+        # the last step of the period
+        self.mode = "stable"
+        if np.mean(self.reactive_acc["r"]) > np.mean(self.reactive_acc["p"]):
+            self._drop(self.p)
+            self.p, self.use = self.rm, self.rm
+            self.acc_best = max(self.reactive_acc["r"])
+            self.switches += 1
+        else:
+            self.retiring = self.rm
+            self._add(self.rm, tau)
+        self._add(self.p, tau)
+        self.rm = None
+
     def active_models(self, step: int) -> list[int]:
-        return sorted(m for m in (self.p, self.s, self.rm) if m is not None)
+        return sorted(m for m in (self.p, self.s, self.rm, self.retiring) if m is not None)
 
     def plan_train(self, step: int) -> dict[int, Task]:
         live = self.active_models(step)
@@ -258,12 +291,14 @@ class DriftSurf(TimeStepStrategy):
     def strategy_state(self) -> dict[str, Any]:
         return {"ds": {
             "state": self.mode, "p": self.p, "s": self.s, "rm": self.rm, "use": self.use,
+            "retiring": self.retiring,
             "steps": {str(m): v for m, v in self.steps.items()}, "acc_best": self.acc_best,
             "reactive_acc": self.reactive_acc, "switches": self.switches}}
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
         d = state["ds"]
         self.mode, self.p, self.s, self.rm, self.use = d["state"], d["p"], d["s"], d["rm"], d["use"]
+        self.retiring = d.get("retiring")
         self.steps = {int(m): list(v) for m, v in d["steps"].items()}
         self.acc_best, self.reactive_acc, self.switches = d["acc_best"], d["reactive_acc"], d["switches"]
 

@@ -31,7 +31,8 @@ class BaselineParams(HParams):
     table = "feddrift-baselines"
     driftsurf_delta: float = param(0.05, "DriftSurf threshold (the authors' code: SINE 0.10, "
                                    "CIRCLE 0.05, SEA 0.02)", gt=0, le=1)
-    driftsurf_reactive: int = param(3, "DriftSurf reactive-period length r (steps)", ge=1)
+    driftsurf_reactive: int = param(3, "DriftSurf reactive period r (steps, the first "
+                                    "included)", ge=2)
     cfl_gamma: float = param(0.1, "CFL split threshold on sqrt((1 - max cross cosine) / 2)",
                              gt=0, lt=1)
     afa_lr: float = param(0.1, "Adaptive-FedAvg initial SGD lr (paper: 0.01 on CIRCLE/SEA, "
