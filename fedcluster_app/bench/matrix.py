@@ -3,7 +3,7 @@
 A bench scenario is a data set, a kind of shift and a drift pattern:
 
 * data: ``mixture`` (the synthetic 4-class Gaussian mixture), ``digits`` (scikit-learn's 8x8
-  digits) and ``phishing`` (River's Phishing table);
+  digits) and River's bundled tables ``phishing``, ``imagesegments``, ``bananas``, ``shuttle``;
 * shift: ``label`` (``<data>-prior``: drifting clients put 90% of their data on half the
   classes), ``feature`` (``<data>-noise``: Gaussian noise on their inputs), ``concept``
   (``<data>-permute`` / ``mixture-swap``: y -> (y+1) % C) and ``mix`` (``<data>-mix``: each
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from fedcluster_app.core.config import ConfigValue, suggest
 
-DATASETS = ("mixture", "digits", "phishing")
+DATASETS = ("mixture", "digits", "phishing", "imagesegments", "bananas", "shuttle")
 SHIFTS = ("label", "feature", "concept", "mix")
 PATTERNS = ("sudden", "incremental", "recurring", "staggered")
 

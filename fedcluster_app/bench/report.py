@@ -253,7 +253,8 @@ def plot_assignments(rows: list[dict], scenario: str, strategies: list[str], out
     seed, runs, shown = picked
     cols = 4
     nrows = math.ceil((len(shown) + 1) / cols)
-    fig = new_figure((4.0 * cols, 2.6 * nrows))
+    fig = new_figure((4.0 * cols, 2.9 * nrows))
+    fig.subplots_adjust(hspace=0.5)
     truth = runs[shown[0]].get("concepts")
     panels = ([("true concept", truth)] if truth else []) + [
         (s, runs[s]["series"]["assignments"]) for s in shown]
@@ -308,7 +309,8 @@ def plot_confusion(rows: list[dict], scenario: str, strategies: list[str], out: 
         return None
     cols = 4
     nrows = math.ceil(len(shown) / cols)
-    fig = new_figure((3.4 * cols, 2.6 * nrows))
+    fig = new_figure((3.4 * cols, 2.9 * nrows))
+    fig.subplots_adjust(hspace=0.5)      # room for each row's axis label under the next title
     for i, s in enumerate(shown):
         mass = masses[s]
         concepts = sorted(mass, key=int)
