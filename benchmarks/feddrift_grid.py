@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--local-steps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-seed", type=int, default=0)
+    ap.add_argument("--optimizer-state", default="round", choices=("round", "step"),
+                    help="Adam state: fresh every round (default) or kept through a time step")
     ap.add_argument("--methods", nargs="+", default=TABLE2, help="paper row names")
     ap.add_argument("--out", default="", help="append the per-run rows (JSON lines) here")
     args = ap.parse_args()

@@ -263,8 +263,22 @@ def _with_methods(argv: list[str], methods: list[str]) -> list[str]:
     return out + ["--methods", *methods]
 
 
+def _without_option(argv: list[str], option: str) -> list[str]:
+    """``argv`` without ``option`` and its value (``--opt V`` or ``--opt=V``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == option:
+            skip = True
+        elif not a.startswith(option + "="):
+            out.append(a)
+    return out
+
+
 def render(results: dict, methods: list[str], missing: list[str], args, elapsed: float) -> str:
-    argv = [a for a in sys.argv[1:] if a not in ("--table-only", "--merge")]
+    argv = _without_option([a for a in sys.argv[1:] if a not in ("--table-only", "--merge")],
+                           "--runs-dir")      # where the runs go changes no number
     if args.merge:   # the page names the command that makes every row from scratch
         argv = _with_methods(argv, methods)
     cmd = "python benchmarks/feddrift_reproduce.py " + shlex.join(argv)
