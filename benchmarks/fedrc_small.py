@@ -16,6 +16,7 @@ B = 32, SGD lr 0.2, K = 3), in-process, and writes a markdown report with
     python benchmarks/fedrc_small.py                       # 3 seeds, both scenarios (~1 h on 2 cores)
     python benchmarks/fedrc_small.py --seeds 0 --rounds 30 --out /tmp/fedrc   # a quick look
     python benchmarks/fedrc_small.py --scenarios shifts-3 --set init=torch --out runs/fedrc-torch-init
+    python benchmarks/fedrc_small.py --report docs/fedrc_table.md --jsonl docs/fedrc_table.jsonl
 
 Runs already present under ``--out`` (a summary.json with status "completed" and the same
 number of rounds) are reused, so an interrupted sweep continues where it stopped.
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     ap.add_argument("--out", default="runs/fedrc-small")
     ap.add_argument("--report", default="", help="also write the markdown report to this file")
+    ap.add_argument("--jsonl", default="",
+                    help="also write one JSON line per run (the rows the report is computed from)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a run-config key of the preset, repeatable (e.g. init=torch)")
     args = ap.parse_args(argv)
@@ -173,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.report:
         Path(args.report).write_text(text)
+    if args.jsonl:
+        Path(args.jsonl).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 if __name__ == "__main__":
