@@ -5,12 +5,14 @@ median round time, plus the parts that explain the deployment's: the import time
 ClientApp in a fresh process (a deployed SuperNode starts one process per message) and the
 number of message waves per round (train, evaluate).
 
-    python benchmarks/bench_deployment.py [--rounds 4]
+    python benchmarks/bench_deployment.py [--rounds 4] [--jsonl docs/deployment.jsonl]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -34,7 +36,10 @@ def clientapp_import_seconds() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--jsonl", default="", help="also write one JSON line per engine (and one for "
+                                                "the ClientApp import)")
     args = ap.parse_args()
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         def cfg(name):
             return merge_overrides(default_run_config(), {
@@ -66,8 +71,15 @@ def main() -> None:
     print(f"deployment / Ray round time: {medians['deployment'] / medians['Ray simulation']:.1f}x")
     print(f"ClientApp import in a fresh process (torch, flwr, numpy): {imp:.2f} s; a deployed "
           f"SuperNode pays it once per message, i.e. about {2 * imp:.1f} s per round per client "
-          f"(clients run in parallel, on this machine they share {__import__('os').cpu_count()} "
+          f"(clients run in parallel, on this machine they share {os.cpu_count()} "
           f"cores), and polls the SuperLink every few seconds (Flower's built-in intervals).")
+    if args.jsonl:
+        load = {"load_start": round(load_start, 2), "load_end": round(os.getloadavg()[0], 2),
+                "cores": os.cpu_count()}
+        rows = [{"engine": name, "rounds": args.rounds, "median_round_s": round(medians[name], 4),
+                 "whole_run_s": round(walls[name], 2), **load} for name in medians]
+        rows.append({"clientapp_import_s": round(imp, 3), **load})
+        Path(args.jsonl).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 if __name__ == "__main__":
