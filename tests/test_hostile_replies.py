@@ -247,3 +247,43 @@ def test_a_run_whose_evaluations_are_all_rejected_is_degraded(fast_config):
     summary = run_inprocess(fast_config(strategy="fedavg"), client_app=app)
     assert summary["status"] == "degraded" and summary["mean_accuracy"] is None
     assert summary["reason"].startswith("12 of 12 rounds had no usable evaluation reply")
+
+
+def _bounding(soft_weights: dict[int, float] | None, norms: dict[int, float], bound=10.0):
+    """Run the update bound of one model (id 0, sent as zeros) over replies whose updates have
+    the given norms; the clients' soft weights on it, or None for a hard assignment."""
+    from types import SimpleNamespace
+
+    from fedcluster_app.core.messages import Reply
+    from fedcluster_app.core.strategy import ClientRecord, ClusteredStrategy
+
+    fake = SimpleNamespace(cfg=SimpleNamespace(update_norm_bound=bound), round=1,
+                           models={0: [np.zeros(4)]}, _round_stats={"bounded_updates": 0},
+                           clients={c: ClientRecord(cid=c) for c in norms})
+    for c, rec in fake.clients.items():
+        rec.soft = {0: soft_weights[c]} if soft_weights else None
+    fake._membership = lambda cid, mid: ClusteredStrategy._membership(fake, cid, mid)
+    replies = [Reply(cid=c, metrics={}, models={0: [np.full(4, n / 2.0)]})
+               for c, n in sorted(norms.items())]
+    ClusteredStrategy._bound_updates(fake, replies, {(c, 0): n for c, n in norms.items()})
+    return {r.cid: float(np.linalg.norm(r.models[0][0])) for r in replies}
+
+
+def test_a_soft_model_is_bounded_against_its_members_not_the_clients_that_hardly_use_it():
+    # 7 clients hardly use model 0 (weight 0.01) and return it hardly changed; its 3 members
+    # (weight 0.95) move it by about 1: an unweighted median (0.001) would bound the members
+    outsiders = {c: 0.001 for c in range(7)}
+    members = {7: 1.0, 8: 1.1, 9: 0.9}
+    weights = {c: 0.01 for c in outsiders} | {c: 0.95 for c in members}
+    after = _bounding(weights, outsiders | members)
+    assert after == pytest.approx(outsiders | members)
+    # a member that drags the model 100 away is still bounded, to 10x the members' median
+    after = _bounding(weights | {10: 0.95}, outsiders | members | {10: 100.0})
+    assert after[10] == pytest.approx(10.0)
+    assert after[7] == pytest.approx(1.0)
+
+
+def test_a_hard_assignment_keeps_the_plain_median_bound():
+    after = _bounding(None, {0: 1.0, 1: 1.2, 2: 0.8, 3: 50.0})
+    assert after[3] == pytest.approx(10 * 1.1)     # np.median of 4 updates: 1.1
+    assert after[0] == pytest.approx(1.0)
