@@ -249,31 +249,25 @@ def checks(results: dict, args) -> list[str]:
     return out
 
 
-def _with_methods(argv: list[str], methods: list[str]) -> list[str]:
-    """``argv`` with its ``--methods`` list replaced by ``methods``."""
+def _without_option(argv: list[str], option: str) -> list[str]:
+    """``argv`` without ``option`` and its values (``--opt V ...`` up to the next option, or
+    ``--opt=V``)."""
     out, skip = [], False
     for a in argv:
-        if a == "--methods":
+        if a == option:
             skip = True
             continue
         if skip and not a.startswith("--"):
             continue
         skip = False
-        out.append(a)
-    return out + ["--methods", *methods]
-
-
-def _without_option(argv: list[str], option: str) -> list[str]:
-    """``argv`` without ``option`` and its value (``--opt V`` or ``--opt=V``)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == option:
-            skip = True
-        elif not a.startswith(option + "="):
+        if not a.startswith(option + "="):
             out.append(a)
     return out
+
+
+def _with_methods(argv: list[str], methods: list[str]) -> list[str]:
+    """``argv`` with its ``--methods`` list replaced by ``methods``."""
+    return _without_option(argv, "--methods") + ["--methods", *methods]
 
 
 def render(results: dict, methods: list[str], missing: list[str], args, elapsed: float) -> str:

@@ -121,14 +121,13 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
     rows: dict[Cell, dict[str, Any]] = {}
     todo: dict[Cell, dict] = {}
     earlier = reusable_rows(reuse or [], cells)
-    reused = 0
     for cell in cells:
         out = run_dir(runs_dir, cell)
         status = (read_summary(out) or {}).get("status")
         if status in COMPLETED or (status == "failed" and not retry_failed):
             continue
         if cell in earlier:
-            rows[cell], reused = earlier[cell], reused + 1
+            rows[cell] = earlier[cell]
             continue
         config = cell.run_config(num_concepts(cell))
         why = cannot_run(cell, config)
@@ -139,6 +138,7 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
         todo[cell] = {**config, "out-dir": str(out.resolve()), "overwrite": True}
 
     skipped = len(cells) - len(todo) - len(rows)
+    reused = sum(cell in earlier for cell in rows)
     where = f"on the Ray cluster at {ray_address}" if ray_address else f"with {workers} worker(s)"
     log(f"bench: {len(cells)} runs: {skipped} finished before, "
         + (f"{reused} from earlier rows, " if reuse is not None else "")
