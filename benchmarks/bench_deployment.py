@@ -11,7 +11,6 @@ number of message waves per round (train, evaluate).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -19,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from raw_rows import load_average, machine, write_rows
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.results import load_run
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--jsonl", default="", help="also write one JSON line per engine (and one for "
                                                 "the ClientApp import)")
     args = ap.parse_args()
-    load_start = os.getloadavg()[0]
+    load_start = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         def cfg(name):
             return merge_overrides(default_run_config(), {
@@ -73,13 +74,11 @@ def main() -> None:
           f"SuperNode pays it once per message, i.e. about {2 * imp:.1f} s per round per client "
           f"(clients run in parallel, on this machine they share {os.cpu_count()} "
           f"cores), and polls the SuperLink every few seconds (Flower's built-in intervals).")
-    if args.jsonl:
-        load = {"load_start": round(load_start, 2), "load_end": round(os.getloadavg()[0], 2),
-                "cores": os.cpu_count()}
-        rows = [{"engine": name, "rounds": args.rounds, "median_round_s": round(medians[name], 4),
-                 "whole_run_s": round(walls[name], 2), **load} for name in medians]
-        rows.append({"clientapp_import_s": round(imp, 3), **load})
-        Path(args.jsonl).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    load = machine(load_start)
+    rows = [{"engine": name, "rounds": args.rounds, "median_round_s": round(medians[name], 4),
+             "whole_run_s": round(walls[name], 2), **load} for name in medians]
+    rows.append({"clientapp_import_s": round(imp, 3), **load})
+    write_rows(args.jsonl, rows)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import RecordDict
+from raw_rows import load_average, machine, write_rows
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import default_run_config, merge_overrides
@@ -68,7 +69,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--jsonl", default="", help="one JSON line per way of running (every repeat's "
+                                                "seconds, the best, the load)")
     args = ap.parse_args()
+    load_start = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         rc = config(args.rounds, str(Path(tmp) / "run"))
         bare_loop(rc)                                   # warm-up: imports, data caches
@@ -84,6 +88,12 @@ def main() -> None:
         same = all(np.array_equal(a, b) for a, b in zip(wb, wo))
         gap = max(float(np.abs(a - b).max()) for a, b in zip(wb, wt))
     load = os.getloadavg()[0]
+    ways = {"bare per-client loop": (t_bare, None), "in-process, one by one": (t_one, acc_one),
+            "in-process, batched": (t_batch, acc_batch)}
+    write_rows(args.jsonl, [
+        {"way": way, "rounds": args.rounds, "clients": 10, "seconds": [round(t, 3) for t in ts],
+         "best_s": round(min(ts), 3), "ratio_to_loop": round(min(ts) / min(t_bare), 3),
+         "mean_accuracy": acc, **machine(load_start)} for way, (ts, acc) in ways.items()])
     print(f"10 clients x {args.rounds} rounds, FedAvg, train + evaluate every round "
           f"(load average {load:.2f} on {os.cpu_count()} cores)")
     print(f"bare per-client PyTorch loop  : {min(t_bare):7.2f} s (best of {args.repeats})")

@@ -12,10 +12,9 @@ training budget on CIRCLE-2.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
+from raw_rows import write_rows
 
 from fedcluster_app.api import build_scenario
 from fedcluster_app.core.config import TrainConfig
@@ -29,7 +28,7 @@ def main() -> None:
     ap.add_argument("--hidden", nargs="+", type=int, default=[4, 16])
     ap.add_argument("--steps", nargs="+", type=int, default=[1000, 8000])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--jsonl", type=Path, help="write one JSON line per trained model here")
+    ap.add_argument("--jsonl", default="", help="write one JSON line per trained model here")
     args = ap.parse_args()
     rows = []
     limit_threads()
@@ -54,9 +53,7 @@ def main() -> None:
                              "majority_class_rate": float(max(yt.mean(), 1 - yt.mean()))})
             print(f"hidden {hidden:3d}, {steps:5d} Adam steps: accuracy "
                   f"{np.mean(accs):.3f} (seeds: {', '.join(f'{a:.3f}' for a in accs)})")
-    if args.jsonl:
-        args.jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        print(f"wrote {args.jsonl} ({len(rows)} rows)")
+    write_rows(args.jsonl, rows)
 
 
 if __name__ == "__main__":

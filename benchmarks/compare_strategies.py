@@ -11,8 +11,9 @@ one JSON line per run: its summary (scalars only) with the settings it ran with.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from raw_rows import write_rows
 
 from fedcluster_app.core.config import parse_assignment
 from fedcluster_app.core.results import compare_runs
@@ -26,7 +27,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=Path("runs/compare"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--jsonl", type=Path, help="write one JSON line per run here (raw rows)")
+    ap.add_argument("--jsonl", default="", help="write one JSON line per run here (raw rows)")
     args = ap.parse_args()
     extra = dict(parse_assignment(s) for s in args.set)
     dirs, rows = [], []
@@ -42,9 +43,7 @@ def main() -> None:
                                           if isinstance(v, (int, float, str, type(None)))
                                           and k != "out_dir"}})
     print(compare_runs(dirs, out_path=args.out / "comparison.png"))
-    if args.jsonl:
-        args.jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        print(f"wrote {args.jsonl} ({len(rows)} runs)")
+    write_rows(args.jsonl, rows)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import time
 import tomllib
 from pathlib import Path
 
+from raw_rows import load_average, machine, write_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,7 +29,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--strategies", nargs="+", default=["fedavg", "fedrc", "fedem"])
+    ap.add_argument("--jsonl", default="", help="one JSON line per strategy (every run's seconds "
+                                                "per round, the median, the load)")
     args = ap.parse_args()
+    load_start = load_average()
     from fedcluster_app.engine import run_inprocess
 
     preset = tomllib.loads((ROOT / "presets" / "fedrc-shifts3.toml").read_text())
@@ -42,10 +47,15 @@ def main() -> None:
                                "protocol": "none"})
                 times[strategy].append((time.perf_counter() - t0) / args.rounds)
     med = {s: statistics.median(v) for s, v in times.items()}
-    for s in args.strategies:
-        print(json.dumps({"strategy": s, "s_per_round_median": round(med[s], 4),
-                          "runs": [round(t, 4) for t in times[s]]}))
     base = med.get("fedavg")
+    rows = [{"strategy": s, "s_per_round_median": round(med[s], 4),
+             "runs": [round(t, 4) for t in times[s]], "rounds": args.rounds,
+             "ratio_to_fedavg": round(med[s] / base, 3) if base else None,
+             "num_clusters": preset["num-clusters"], **machine(load_start)}
+            for s in args.strategies]
+    for row in rows:
+        print(json.dumps(row))
+    write_rows(args.jsonl, rows)
     if base:
         for s in args.strategies:
             if s != "fedavg":

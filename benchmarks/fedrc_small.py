@@ -33,6 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from raw_rows import write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "presets" / "fedrc-shifts3.toml"
@@ -176,8 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.report:
         Path(args.report).write_text(text)
-    if args.jsonl:
-        Path(args.jsonl).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    write_rows(args.jsonl, rows, sort_keys=True)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import tomllib
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from raw_rows import write_rows
+
 ROOT = Path(__file__).resolve().parent.parent
 PRESET = ROOT / "presets" / "flexcfl-synthetic.toml"
 
@@ -137,8 +139,7 @@ def main() -> int:
             print(json.dumps(res), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
-    if a.jsonl:
-        Path(a.jsonl).write_text("".join(json.dumps(r) + "\n" for r in results))
+    write_rows(a.jsonl, results)
 
     def get(s, m, d):
         return next((r for r in results if (r["scenario"], r["method"], r["seed"]) == (s, m, d)),

@@ -1,0 +1,33 @@
+"""Raw rows of the benchmark scripts: one JSON line per measurement, with the machine's load.
+
+Every table in docs/ has its raw rows committed beside it (``--jsonl FILE`` of the script that
+made it). The timing scripts stamp each row with ``machine()``: the load average at the start
+and the end of the measurement and the number of cores, since the machines are shared and a
+wall time means little without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages, rounded to 2 digits."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine(load_start: list[float]) -> dict:
+    """The fields every timing row carries: the load at its start (taken by the caller before
+    measuring) and now, and the cores."""
+    return {"load_start": load_start, "load_end": load_average(), "cores": os.cpu_count()}
+
+
+def write_rows(path: str, rows: list[dict], sort_keys: bool = False) -> None:
+    """Write ``rows`` to ``path``, one JSON line each, and say so (nothing when ``path`` is
+    empty)."""
+    if not path:
+        return
+    with open(path, "w") as fh:
+        fh.writelines(json.dumps(r, sort_keys=sort_keys) + "\n" for r in rows)
+    print(f"wrote {path} ({len(rows)} rows)")
