@@ -123,6 +123,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "runs" / "flexcfl-bench"))
     ap.add_argument("--json", default="", help="all runs as one JSON list")
     ap.add_argument("--jsonl", default="", help="one JSON line per run (the raw rows)")
+    ap.add_argument("--append", action="store_true",
+                    help="add the rows after those already in --jsonl (one file, several commands)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="more run-config overrides (e.g. lr=0.05 for digits-pairs)")
     ap.add_argument("--score-both", action="store_true",
@@ -139,7 +141,8 @@ def main() -> int:
             print(json.dumps(res), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
-    write_rows(a.jsonl, results)
+    write_rows(a.jsonl, [{**r, "epochs": a.epochs, "k": a.k, "set": list(a.set)} for r in results],
+               append=a.append)
 
     def get(s, m, d):
         return next((r for r in results if (r["scenario"], r["method"], r["seed"]) == (s, m, d)),

@@ -23,11 +23,11 @@ def machine(load_start: list[float]) -> dict:
     return {"load_start": load_start, "load_end": load_average(), "cores": os.cpu_count()}
 
 
-def write_rows(path: str, rows: list[dict], sort_keys: bool = False) -> None:
+def write_rows(path: str, rows: list[dict], sort_keys: bool = False, append: bool = False) -> None:
     """Write ``rows`` to ``path``, one JSON line each, and say so (nothing when ``path`` is
-    empty)."""
+    empty); ``append`` adds them after the rows already there (several commands, one file)."""
     if not path:
         return
-    with open(path, "w") as fh:
+    with open(path, "a" if append else "w") as fh:
         fh.writelines(json.dumps(r, sort_keys=sort_keys) + "\n" for r in rows)
     print(f"wrote {path} ({len(rows)} rows)")
