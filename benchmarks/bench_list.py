@@ -5,7 +5,7 @@ form should answer well under the limit (1 s). Prints, per form, the median of -
 and its ratio to the limit, with the machine's load average before and after (a loaded machine
 slows every form alike); exits 1 if a form is over the limit.
 
-    python benchmarks/bench_list.py [--repeat 3] [--limit 1.0]
+    python benchmarks/bench_list.py [--repeat 3] [--limit 1.0] [--jsonl FILE]
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from raw_rows import load_average, machine, write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,19 +53,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="runs per form (the median is shown)")
     ap.add_argument("--limit", type=float, default=1.0, help="slowest allowed, seconds")
+    ap.add_argument("--jsonl", default="", help="one JSON line per form (every run's seconds)")
     args = ap.parse_args()
+    load_start = load_average()
 
     base = command()
     print(f"load average (1, 5, 15 min) before: {load()} on {os.cpu_count()} CPUs")
     print(f"{'form':<52} {'seconds':>8} {'/ limit':>8}")
-    over = []
+    over, rows = [], []
     for form in FORMS:
-        seconds = statistics.median(wall_seconds(base + form) for _ in range(args.repeat))
+        runs = [wall_seconds(base + form) for _ in range(args.repeat)]
+        seconds = statistics.median(runs)
+        rows.append({"form": "fedcluster " + " ".join(form), "seconds": [round(s, 3) for s in runs],
+                     "median_s": round(seconds, 3), "limit_s": args.limit})
         ratio = seconds / args.limit
         print(f"{'fedcluster ' + ' '.join(form):<52} {seconds:8.3f} {ratio:8.2f}")
         if ratio > 1:
             over.append(form)
     print(f"load average after: {load()}")
+    write_rows(args.jsonl, [{**r, **machine(load_start)} for r in rows])
     if over:
         print(f"over the {args.limit:g} s limit: {', '.join(' '.join(f) for f in over)}")
     return 1 if over else 0
