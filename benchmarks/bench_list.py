@@ -46,7 +46,7 @@ def wall_seconds(argv: list[str]) -> float:
 
 
 def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return " ".join(f"{x:.2f}" for x in load_average())
 
 
 def main() -> int:

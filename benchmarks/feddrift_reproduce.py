@@ -27,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
+from raw_rows import write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -97,13 +98,20 @@ def _setting(args) -> str:
     return f"R{args.rounds}-K{args.local_steps}{kept}"
 
 
-def _one(cfg: dict) -> dict:
-    os.environ.setdefault("FEDCLUSTER_TORCH_THREADS", "1")
+def _finished(cfg: dict) -> dict | None:
+    """The summary of the completed run in ``cfg``'s out-dir, if there is one (runs are reused)."""
     summary_file = Path(cfg["out-dir"]) / "summary.json"
     if summary_file.is_file():
         s = json.loads(summary_file.read_text())
         if s.get("status") == "completed" and s.get("acc_omit") is not None:
-            return _with_steps(s, cfg)
+            return s
+    return None
+
+
+def _one(cfg: dict) -> dict:
+    os.environ.setdefault("FEDCLUSTER_TORCH_THREADS", "1")
+    if (s := _finished(cfg)) is not None:
+        return _with_steps(s, cfg)
     import logging
 
     from flwr.common.logger import FLOWER_LOGGER
@@ -158,11 +166,8 @@ def main() -> None:
     if args.table_only:
         for m, d, s in jobs:
             cfg = run_config(PAPER[m][0], d, s, args)
-            f = Path(cfg["out-dir"]) / "summary.json"
-            if f.is_file():
-                summary = json.loads(f.read_text())
-                if summary.get("status") == "completed" and summary.get("acc_omit") is not None:
-                    results[(m, d, s)] = _with_steps(summary, cfg)
+            if (summary := _finished(cfg)) is not None:
+                results[(m, d, s)] = _with_steps(summary, cfg)
         jobs = []
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         futs = {pool.submit(_one, run_config(PAPER[m][0], d, s, args)): (m, d, s) for m, d, s in jobs}
@@ -182,8 +187,7 @@ def main() -> None:
     print(table)
     if args.out:
         Path(args.out).write_text(table)
-    if args.jsonl:
-        write_jsonl(results, args)
+    write_rows(args.jsonl, raw_rows(results, args))
 
 
 #: the summary fields a raw row keeps
@@ -207,16 +211,13 @@ def merged_rows(args, made: set) -> dict[tuple, dict]:
     return out
 
 
-def write_jsonl(results: dict, args) -> None:
-    """One JSON line per run, in a stable order: what the tables are computed from."""
-    with open(args.jsonl, "w") as fh:
-        for (m, d, s) in sorted(results, key=lambda k: (TABLE_ORDER.get(k[0], 99), k[1], k[2])):
-            row = {"method": m, "strategy": PAPER[m][0], "dataset": d, "seed": s,
-                   "data_seed": args.data_seed, "rounds": args.rounds,
-                   "local_steps": args.local_steps, "optimizer_state": args.optimizer_state,
-                   **{f: results[(m, d, s)].get(f) for f in ROW_FIELDS
-                      if f in results[(m, d, s)]}}
-            fh.write(json.dumps(row) + "\n")
+def raw_rows(results: dict, args) -> list[dict]:
+    """One row per run, in a stable order: what the tables are computed from."""
+    return [{"method": m, "strategy": PAPER[m][0], "dataset": d, "seed": s,
+             "data_seed": args.data_seed, "rounds": args.rounds,
+             "local_steps": args.local_steps, "optimizer_state": args.optimizer_state,
+             **{f: results[(m, d, s)][f] for f in ROW_FIELDS if f in results[(m, d, s)]}}
+            for (m, d, s) in sorted(results, key=lambda k: (TABLE_ORDER.get(k[0], 99), k[1], k[2]))]
 
 
 def _ms(values: list[float]) -> str:

@@ -30,8 +30,8 @@ from fielding_common import (
     run,
     time_to_target,
     window,
-    write_jsonl,
 )
+from raw_rows import write_rows
 
 M = {"digits-buckets": 9, "mixture-buckets": 15}
 
@@ -94,7 +94,7 @@ def main() -> None:
                   f"| {'/'.join(fmt(v[2]) for v in vals)} | {'/'.join(str(v[3]) for v in vals)} "
                   f"| {'/'.join(fmt(v[4]) for v in vals)} | {'/'.join(fmt(v[5], 1) for v in vals)} "
                   f"| {'/'.join(speed)} |", flush=True)
-    write_jsonl(args.jsonl, rows)
+    write_rows(args.jsonl, rows)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ SGD steps of ``step_s`` seconds, plus Fielding's drift reports (4 bytes per repo
 
 Raw rows (``--jsonl FILE`` of every Fielding benchmark): ``record`` builds one JSON line per run
 -- the run's seed, variant, strategy, scenario and config overrides, the numbers its table shows,
-the summary's final accuracy and the run's wall time -- and ``write_jsonl`` writes them.
+the summary's final accuracy and the run's wall time -- and ``raw_rows.write_rows`` writes them.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
-from raw_rows import write_rows
 
 from fedcluster_app.core.results import (  # noqa: E402,F401  (re-exported for the benchmarks)
     load_run,
@@ -74,5 +73,3 @@ def record(seed, variant: str, config: dict, summary: dict | None = None, secs: 
         row["wall_s"] = round(secs, 1)
     return row
 
-
-write_jsonl = write_rows   # the name the Fielding scripts import

@@ -20,7 +20,8 @@ import argparse
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
-from fielding_common import run, window, write_jsonl
+from fielding_common import run, window
+from raw_rows import write_rows
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.families.fielding import client as fielding_client
@@ -124,7 +125,7 @@ def main() -> None:
                 cells.append(f"{min(g[0] for g in got):.3f} - {max(g[1] for g in got):.3f} "
                              f"({sum(g[2] for g in got)})" if got else "-")
             print(f"| {metric} | {cells[0]} | {cells[1]} |")
-    write_jsonl(args.jsonl, lines)
+    write_rows(args.jsonl, lines)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
-from fielding_common import record, write_jsonl
+from fielding_common import record
+from raw_rows import write_rows
 
 from fedcluster_app.families.fielding import clustering as core  # noqa: E402
 
@@ -201,7 +202,7 @@ def main() -> None:
             repeat_reclustering_s=times, repeat_reclustering_cpu_s=recl_cpu[name],
             repeat_k=[k for k, _ in found[name]],
             repeat_silhouette=[sil for _, sil in found[name]]))
-    write_jsonl(args.jsonl, rows)
+    write_rows(args.jsonl, rows)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from fielding_common import record, run, window, write_jsonl
+from fielding_common import record, run, window
 from fielding_small_large import BASE
+from raw_rows import write_rows
 
 
 def main() -> None:
@@ -49,7 +50,7 @@ def main() -> None:
     for name, vals in rows.items():
         m = np.mean(vals, axis=0)
         print(f"| {name} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} |")
-    write_jsonl(args.jsonl, lines)
+    write_rows(args.jsonl, lines)
 
 
 if __name__ == "__main__":

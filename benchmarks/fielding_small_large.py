@@ -25,8 +25,8 @@ from fielding_common import (
     run,
     time_to_target,
     window,
-    write_jsonl,
 )
+from raw_rows import write_rows
 
 BASE = {"rounds-per-step": 5, "optimizer": "sgd", "lr": 0.3, "local-steps": 5, "batch-size": 20,
         "fraction-train": 0.3, "fielding.participants": 9}
@@ -77,7 +77,7 @@ def main() -> None:
             else:
                 cells.append(f"{np.mean(xs):.3f}")
         print(f"| {s} | " + " | ".join(cells) + " |")
-    write_jsonl(args.jsonl, lines)
+    write_rows(args.jsonl, lines)
 
 
 if __name__ == "__main__":

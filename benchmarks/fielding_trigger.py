@@ -21,7 +21,8 @@ import math
 from itertools import pairwise
 
 import numpy as np
-from fielding_common import record, run, write_jsonl
+from fielding_common import record, run
+from raw_rows import write_rows
 
 
 def drift_steps(rounds: list[dict], clients: int) -> list[dict]:
@@ -57,11 +58,12 @@ def main() -> None:
             cfg = {"rounds-per-step": 10, "optimizer": "sgd", "lr": 0.1, "local-steps": 10,
                    "batch-size": 20, "fraction-train": 0.3, "fielding.participants": m,
                    "prox-mu": args.prox_mu, "num-clients": n}
-            per_seed = []
+            per_seed, finals = [], []
             for seed in args.seeds:
                 summary, rounds, secs = run("fielding", scenario, seed, **cfg)
                 steps = drift_steps(rounds, n)
                 per_seed.append(steps)
+                finals.append(summary["final_accuracy"])
                 rows.append(record(seed, "fielding", cfg, summary, secs, scenario=scenario,
                                    clients=n, participants=m, steps=steps,
                                    fired=sum(s["fired"] for s in steps)))
@@ -71,10 +73,9 @@ def main() -> None:
             thr = np.mean([s["threshold"] for s in steps])
             scaled = np.mean([s["max_shift"] * math.sqrt(s["members_per_cluster"]) for s in steps])
             fired = "/".join(str(sum(s["fired"] for s in ss)) + f" of {len(ss)}" for ss in per_seed)
-            finals = [r["final_accuracy"] for r in rows[-len(args.seeds):]]
             print(f"| {n} | {members:.1f} | {shift:.3f} | {thr:.3f} | {shift / thr:.2f} | {fired} "
                   f"| {scaled:.2f} | {np.mean(finals):.3f} |", flush=True)
-    write_jsonl(args.jsonl, rows)
+    write_rows(args.jsonl, rows)
 
 
 if __name__ == "__main__":

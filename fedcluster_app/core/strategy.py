@@ -496,8 +496,8 @@ class ClusteredStrategy(Strategy):
         for mid, by_reply in by_model.items():
             if len(by_reply) < 3:
                 continue
-            weights = {i: self._membership(replies[i].cid, mid) for i in by_reply}
-            median = weighted_median(list(by_reply.values()), [weights[i] for i in by_reply])
+            median = weighted_median(list(by_reply.values()),
+                                     [self._membership(replies[i].cid, mid) for i in by_reply])
             if median <= 0:
                 continue
             for i, norm in by_reply.items():
