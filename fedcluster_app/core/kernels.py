@@ -1,14 +1,21 @@
-"""A NumPy implementation of ``core.training.local_train`` for one-hidden-layer MLPs.
+"""``core.training.local_train`` for one-hidden-layer MLPs, without PyTorch.
 
 The FedDrift paper's synthetic data use tiny MLPs (2-4-2, 3-6-2): on models this small
 PyTorch's per-step overhead is about 20x the arithmetic, so the family's clients train them
 here instead: the same computation (cross-entropy, Adam with amsgrad and L2 weight decay
-exactly as ``torch.optim.Adam``, or SGD with momentum), on the same minibatches. Several models
-of one client train stacked, one NumPy call per step for all of them. Tests check both against
-PyTorch.
+exactly as ``torch.optim.Adam``, or SGD with momentum), on the same minibatches, in float64.
+The training loop itself is compiled (``core/compiled.train_mlp``): it was a sequence of ~30
+NumPy calls per step on arrays of a few dozen numbers, whose Python overhead was the cost
+(docs/performance.md). It states the earlier NumPy
+formulation's arithmetic operation by operation and gives its numbers bit for bit for two
+classes (all of FedDrift's data), checked on the golden runs; with an odd number of classes the
+last class's weight gradient is summed in another order than OpenBLAS's remainder kernel
+(differences of one rounding). Tests check it against PyTorch.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -57,10 +64,10 @@ TrainJob = tuple  # (list[np.ndarray], np.ndarray, np.ndarray, list[np.ndarray][
 def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], float]]:
     """Train several MLPs at once (KUE's 10 members, AUE's 5, FedDrift's models of one client).
 
-    Each job keeps its own data and minibatches; jobs whose shapes and batch sizes agree are
-    stacked so that every NumPy call of a step serves all of them: on these tiny models the
-    per-call overhead, not the arithmetic, is the cost. Results equal ``numpy_train`` per job
-    up to floating-point rounding."""
+    Each job keeps its own data and minibatches; jobs whose shapes and batch sizes agree go to
+    the compiled loop in one call (one call per group, not per job: the call's preparation is
+    the cost on these tiny models). Each job's arithmetic is its own, so results equal
+    ``numpy_train`` per job exactly."""
     groups: dict[tuple, list[int]] = {}
     for j, (weights, _, _, batches, *_) in enumerate(jobs):
         key = (tuple(np.shape(w) for w in weights), tuple(len(b) for b in batches))
@@ -72,133 +79,86 @@ def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], 
     return out
 
 
-def _last_axis(op: np.ufunc, a: np.ndarray) -> np.ndarray:
-    """``op.reduce(a, axis=-1, keepdims=True)`` for a few classes as a chain of element-wise
-    calls: the same values (NumPy reduces fewer than 8 elements one after the other), at a
-    fraction of the cost of a reduction over a short last axis."""
-    if a.shape[-1] >= 8:
-        return op.reduce(a, axis=-1, keepdims=True)
-    out = a[..., 0].copy()
-    for c in range(1, a.shape[-1]):
-        op(out, a[..., c], out=out)
-    return out[..., None]
-
-
 def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], float]]:
     M = len(jobs)
     shapes = [np.shape(w) for w in jobs[0][0]]
+    (h, d), C = shapes[0], shapes[2][0]
     offsets = np.cumsum([0] + [int(np.prod(s)) for s in shapes])
     flat = np.stack([np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in weights])
                      for weights, *_ in jobs])                             # (M, P)
-    grad = np.zeros_like(flat)
-
-    def split(arr: np.ndarray) -> list[np.ndarray]:
-        views = [arr[:, a:b].reshape((M, *s)) for a, b, s in zip(offsets[:-1], offsets[1:], shapes)]
-        assert all(np.shares_memory(v, arr) for v in views)   # views, so updates reach `arr`
-        return views
-
-    w1, b1, w2, b2 = split(flat)
-    g1, gb1, g2, gb2 = split(grad)
-    xs = [np.asarray(x, dtype=np.float64).reshape(len(x), -1) for _, x, *_ in jobs]
-    ys = [np.asarray(y) for _, _, y, *_ in jobs]
-    sizes = [len(b) for b in jobs[0][3]]        # the same for every job of a group
-    XB = YB = None
-    if len(set(sizes)) == 1 and sizes[0] > 0:   # local steps: gather every minibatch at once
-        XB = np.stack([x[np.stack(job[3])] for x, job in zip(xs, jobs)])  # (M, steps, bsz, d)
-        YB = np.stack([y[np.stack(job[3])] for y, job in zip(ys, jobs)])
-
-    def batch_at(step: int) -> tuple[np.ndarray, np.ndarray]:
-        if XB is not None:
-            return XB[:, step], YB[:, step]
-        # epochs with a partial last batch: gathered step by step
-        return (np.stack([x[job[3][step]] for x, job in zip(xs, jobs)]),
-                np.stack([y[job[3][step]] for y, job in zip(ys, jobs)]))
-
-    picked = []                                 # p(y | x) of every sample seen, per step
-    mi = np.arange(M)[:, None]
+    sizes = np.array([len(b) for b in jobs[0][3]], dtype=np.int64)   # the same for every job
+    X = np.concatenate([np.asarray(x, dtype=np.float64).reshape(len(x), -1) for _, x, *_ in jobs])
+    Y = np.concatenate([np.asarray(y, dtype=np.int64) for _, _, y, *_ in jobs])
+    start = np.cumsum([0] + [len(y) for _, _, y, *_ in jobs[:-1]]).astype(np.int64)
+    rows = _minibatch_rows(jobs, sizes)
     adam = cfg.optimizer == "adam"
-    m = np.zeros_like(flat)
-    v = np.zeros_like(flat)
-    vmax = np.zeros_like(flat)
-    tmp = np.empty_like(flat)
-    beta1, beta2, eps = 0.9, 0.999, 1e-8
-    wd, lr = float(cfg.weight_decay), float(cfg.lr)
+    m, v, vmax = (np.zeros_like(flat) for _ in range(3))
     states = [job[4] if len(job) > 4 else None for job in jobs]
     kept = np.array([bool(state) for state in states])   # rows that continue an optimizer
     t0 = np.zeros(M, dtype=np.int64)            # Adam steps taken before this call
     for k in np.flatnonzero(kept):
         t0[k] = _load_state(states[k], adam, shapes, m[k], v[k], vmax[k])
-    t = 0
-    for step, bsz in enumerate(sizes):
-        if bsz == 0:
-            continue
-        t += 1                                  # torch's step counter: optimizer steps taken
-        if t0.any():   # jobs that continue an optimizer: each its own bias correction
-            c2 = np.array([[1.0 / np.sqrt(1 - beta2 ** (t + s))] for s in t0])
-            c1 = np.array([[lr / (1 - beta1 ** (t + s))] for s in t0])
-        else:
-            c2, c1 = 1.0 / np.sqrt(1 - beta2 ** t), lr / (1 - beta1 ** t)
-        xb, yb = batch_at(step)
-        rows = np.arange(bsz)[None, :]
-        z1 = np.matmul(xb, w1.transpose(0, 2, 1))          # (M, bsz, hidden)
-        z1 += b1[:, None, :]
-        a1 = np.maximum(z1, 0.0)
-        p = np.matmul(a1, w2.transpose(0, 2, 1))           # (M, bsz, classes)
-        p += b2[:, None, :]
-        p -= _last_axis(np.maximum, p)
-        np.exp(p, out=p)
-        p /= _last_axis(np.add, p)
-        at_label = ((mi * bsz + rows) * p.shape[2] + yb).ravel()   # p[m, i, y_mi] in p.flat
-        flat_p = p.reshape(-1)
-        picked.append(flat_p[at_label].reshape(M, bsz))
-        flat_p[at_label] -= 1.0
-        p /= bsz
-        g2[...] = np.matmul(p.transpose(0, 2, 1), a1)
-        gb2[...] = p.sum(axis=1)
-        d1 = np.matmul(p, w2)
-        d1 *= z1 > 0
-        g1[...] = np.matmul(d1.transpose(0, 2, 1), xb)
-        gb1[...] = d1.sum(axis=1)
-        if wd:
-            np.multiply(flat, wd, out=tmp)
-            grad += tmp
-        if adam:   # torch.optim.Adam with amsgrad and L2 weight decay
-            m *= beta1
-            np.multiply(grad, 1 - beta1, out=tmp)
-            m += tmp
-            v *= beta2
-            np.multiply(grad, grad, out=tmp)
-            tmp *= 1 - beta2
-            v += tmp
-            np.maximum(vmax, v, out=vmax)
-            np.sqrt(vmax, out=tmp)
-            tmp *= c2
-            tmp += eps
-            np.divide(m, tmp, out=tmp)
-            tmp *= c1
-            flat -= tmp
-        elif cfg.momentum:   # torch.optim.SGD: the first step's buffer is the gradient itself
-            if t == 1 and not kept.any():
-                m[...] = grad
-            elif t == 1:
-                m[~kept] = grad[~kept]
-                m[kept] *= cfg.momentum
-                m[kept] += grad[kept]
-            else:
-                m *= cfg.momentum
-                m += grad
-            np.multiply(m, lr, out=tmp)
-            flat -= tmp
-        else:
-            np.multiply(grad, lr, out=tmp)
-            flat -= tmp
+    c1, c2 = _adam_factors(float(cfg.lr), tuple(sizes > 0), tuple(t0))
+    picked = np.empty((len(sizes), M, rows.shape[2]))   # p(y | x) of every sample, per step
+    _compiled().train_mlp(flat, X, Y, start, rows, sizes, np.array([d, h, C], dtype=np.int64),
+                          adam, float(cfg.momentum), float(cfg.weight_decay), float(cfg.lr),
+                          c1, c2, ~kept, m, v, vmax, picked)
     # the mean over minibatches of the minibatch's mean cross-entropy, as local_train reports
-    losses = -np.mean([np.log(pk).mean(axis=1) for pk in picked], axis=0) if picked else np.zeros(M)
+    used = [s for s in range(len(sizes)) if sizes[s] > 0]
+    if not used:
+        losses = np.zeros(M)
+    elif len(set(sizes[used])) == 1:
+        losses = -np.log(picked[used]).mean(axis=2).mean(axis=0)
+    else:
+        losses = -np.mean([np.log(picked[s, :, :sizes[s]]).mean(axis=1) for s in used], axis=0)
+    t = len(used)
     for k, state in enumerate(states):
         if state is not None:
             _store_state(state, adam, cfg.momentum, shapes, offsets, t0[k] + t, m[k], v[k], vmax[k])
-    return [([np.asarray(w[k], dtype=np.float32).copy() for w in (w1, b1, w2, b2)], float(losses[k]))
+    views = [flat[:, a:b].reshape((M, *s)) for a, b, s in zip(offsets[:-1], offsets[1:], shapes)]
+    return [([np.asarray(w[k], dtype=np.float32).copy() for w in views], float(losses[k]))
             for k in range(M)]
+
+
+def _minibatch_rows(jobs: list[TrainJob], sizes: np.ndarray) -> np.ndarray:
+    """Every job's minibatches as one (jobs, steps, largest batch) array of row indices; a
+    step's shorter batch (an epoch's last) fills the first places."""
+    if len(set(sizes.tolist())) == 1 and sizes[0] > 0:
+        return np.stack([np.stack(job[3]) for job in jobs]).astype(np.int64, copy=False)
+    rows = np.zeros((len(jobs), len(sizes), max(1, int(sizes.max(initial=0)))), dtype=np.int64)
+    for k, job in enumerate(jobs):
+        for s, batch in enumerate(job[3]):
+            rows[k, s, :len(batch)] = batch
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _adam_factors(lr: float, trains: tuple[bool, ...], t0: tuple[int, ...]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Adam's bias corrections per step and row: c1 = lr / (1 - beta1^t), c2 = 1 / sqrt(1 -
+    beta2^t), t counting the row's optimizer steps (those taken before this call included).
+    Written as torch's ``Adam`` computes them, so the kernel gives its numbers."""
+    beta1, beta2 = 0.9, 0.999
+    c1 = np.zeros((len(trains), len(t0)))
+    c2 = np.zeros((len(trains), len(t0)))
+    t = 0
+    for s, trained in enumerate(trains):
+        if not trained:
+            continue
+        t += 1
+        if any(t0):
+            c2[s] = [1.0 / np.sqrt(1 - beta2 ** np.int64(t + s0)) for s0 in t0]
+            c1[s] = [lr / (1 - beta1 ** np.int64(t + s0)) for s0 in t0]
+        else:
+            c2[s], c1[s] = 1.0 / np.sqrt(1 - beta2 ** t), lr / (1 - beta1 ** t)
+    c1.flags.writeable = c2.flags.writeable = False     # shared through the cache
+    return c1, c2
+
+
+def _compiled():
+    from fedcluster_app.core import compiled     # Numba, loaded on first use
+
+    return compiled
 
 
 # ------------------------------------------------------ optimizer state (optimizer-state = step)

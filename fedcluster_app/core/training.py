@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedcluster_app.core.config import TrainConfig
+from fedcluster_app.core.sampling import choice_batches
 
 
 def limit_threads() -> None:
@@ -59,9 +60,8 @@ def make_optimizer(params: list[torch.Tensor], cfg: TrainConfig) -> torch.optim.
 def batch_indices(n: int, cfg: TrainConfig, rng: np.random.Generator) -> list[np.ndarray]:
     """The minibatches of one round: ``local-steps`` random batches, or whole shuffled epochs
     (``drop-last``: without the last partial batch of each epoch, as torch's DataLoader)."""
-    if cfg.local_steps > 0:
-        size = min(cfg.batch_size, n)
-        return [rng.choice(n, size=size, replace=False) for _ in range(cfg.local_steps)]
+    if cfg.local_steps > 0:   # rng.choice(n, size, replace=False) per step, drawn in one call
+        return choice_batches(rng, n, min(cfg.batch_size, n), cfg.local_steps)
     batches = []
     end = n - n % cfg.batch_size if cfg.drop_last else n
     for _ in range(cfg.local_epochs):

@@ -1,0 +1,301 @@
+"""The project's compiled loops (Numba), imported only where they run, so that importing the
+package (and ``fedcluster list``) does not load Numba. Compiled once per machine and cached on
+disk beside this file.
+
+* ``replay``: NumPy's ``Generator.choice(n, size, replace=False)`` (bounded draws, Floyd's
+  algorithm, the Fisher-Yates shuffle) on a generator's raw 64-bit outputs (``core/sampling.py``);
+* ``train_mlp``: the local training of stacked one-hidden-layer MLPs (``core/kernels.py``).
+
+Both state NumPy's arithmetic operation by operation, so that they give the numbers NumPy
+gives: the same draws; for the MLP, the same IEEE operations in the same order (products summed
+with fused multiply-adds one term after the other, as OpenBLAS's double-precision kernels do;
+NumPy's orders for sums over an axis; libm's ``exp``).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+u64 = np.uint64
+_U32 = 0xFFFFFFFF
+
+
+@numba.njit(cache=True, nogil=True)
+def word(raw, cursor):
+    """The next 32-bit word (``next_uint32``), or 2**32 when ``raw`` is used up."""
+    if cursor[1] >= 0:                       # a half left over from before
+        value = u64(cursor[1])
+        cursor[1] = -1
+        return value
+    k = cursor[0]
+    if k >= 2 * raw.shape[0]:
+        return u64(1) << u64(32)
+    cursor[0] = k + 1
+    w = raw[k >> 1]
+    return (w & u64(_U32)) if (k & 1) == 0 else (w >> u64(32))
+
+
+@numba.njit(cache=True, nogil=True)
+def bounded(raw, cursor, j):
+    """``random_bounded_uint64(0, j)`` for 0 < j < 2**32 - 1: Lemire's multiply-shift on one
+    word, with its rejection step (rarely reached); -1 when ``raw`` is used up."""
+    end = u64(1) << u64(32)
+    excl = u64(j + 1)
+    w = word(raw, cursor)
+    if w == end:
+        return -1
+    m = w * excl
+    low = m & u64(_U32)
+    if low < excl:
+        threshold = (u64(_U32) - u64(j)) % excl
+        while low < threshold:
+            w = word(raw, cursor)
+            if w == end:
+                return -1
+            m = w * excl
+            low = m & u64(_U32)
+    return np.int64(m >> u64(32))
+
+
+@numba.njit(cache=True, nogil=True)
+def replay(raw, leftover, n, size, out):
+    cursor = np.array([0, leftover], dtype=np.int64)
+    taken = np.zeros(n, dtype=np.bool_)
+    for b in range(out.shape[0]):
+        row = out[b]
+        for j in range(n - size, n):            # Floyd
+            val = 0                              # j = 0, a range of one: no word drawn
+            if j > 0:
+                val = bounded(raw, cursor, j)
+                if val < 0:
+                    return -1, False
+            if taken[val]:
+                val = j
+            taken[val] = True
+            row[j - (n - size)] = val
+        for k in range(size):
+            taken[row[k]] = False
+        for i in range(size - 1, 0, -1):        # Fisher-Yates
+            k = bounded(raw, cursor, i)
+            if k < 0:
+                return -1, False
+            tmp = row[k]
+            row[k] = row[i]
+            row[i] = tmp
+    return cursor[0], cursor[1] >= 0
+
+
+
+# ------------------------------------------------------------------ one-hidden-layer MLP training
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (the fused multiply-add BLAS kernels accumulate products with)."""
+    def codegen(context, builder, signature, args):
+        d = ir.DoubleType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [d], ir.FunctionType(d, [d, d, d]))
+        return builder.call(fn, args)
+    return types.float64(types.float64, types.float64, types.float64), codegen
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _maximum(a, b):
+    """``np.maximum``: NaN wins."""
+    return a if (a >= b or a != a) else b
+
+
+@numba.njit(cache=True, nogil=True)
+def _pairwise_block(p, i, lo, n):
+    """NumPy's pairwise sum of ``p[i, lo:lo + n]`` for n <= 128: one term after the other below
+    8, else eight running partial sums."""
+    if n < 8:
+        s = 0.0
+        for c in range(lo, lo + n):
+            s = s + p[i, c]
+        return s
+    r = np.empty(8)
+    for j in range(8):
+        r[j] = p[i, lo + j]
+    c = 8
+    while c < n - n % 8:
+        for j in range(8):
+            r[j] = r[j] + p[i, lo + c + j]
+        c += 8
+    s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+    while c < n:
+        s = s + p[i, lo + c]
+        c += 1
+    return s
+
+
+@numba.njit(cache=True, nogil=True)
+def _pairwise(p, i, n):
+    """NumPy's pairwise sum of ``p[i, :n]``: blocks of at most 128, beyond that the two halves
+    (the first a multiple of 8) summed apart and added. Written with its own stack, as Numba's
+    disk cache does not hold recursive functions."""
+    if n <= 128:
+        return _pairwise_block(p, i, 0, n)
+    los = np.empty(64, dtype=np.int64)
+    ns = np.empty(64, dtype=np.int64)
+    left = np.empty(64)
+    right_pending = np.zeros(64, dtype=np.bool_)   # the left half is summed, the right is next
+    top = 0
+    los[0], ns[0] = 0, n
+    while True:
+        lo, m = los[top], ns[top]
+        if m > 128:                                 # split: the left half goes first
+            half = m // 2
+            half -= half % 8
+            los[top + 1], ns[top + 1] = lo, half
+            right_pending[top + 1] = False
+            top += 1
+            continue
+        value = _pairwise_block(p, i, lo, m)
+        while True:                                 # hand the value to the frames above
+            top -= 1
+            if top < 0:
+                return value
+            if not right_pending[top]:
+                left[top] = value
+                right_pending[top] = True
+                half = ns[top] // 2
+                half -= half % 8
+                los[top + 1], ns[top + 1] = los[top] + half, ns[top] - half
+                right_pending[top + 1] = False
+                top += 1
+                break
+            value = left[top] + value
+
+
+@numba.njit(cache=True, nogil=True)
+def _row_sum(p, i, C):
+    """``p[i].sum()`` over the classes as the kernel's NumPy form added them: one after the
+    other below 8 classes, NumPy's pairwise sum from 8 on."""
+    if C < 8:
+        s = p[i, 0]
+        for c in range(1, C):
+            s = s + p[i, c]
+        return s
+    return _pairwise(p, i, C)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def train_mlp(flat, X, Y, start, rows, sizes, dims, adam, momentum, wd, lr, c1, c2,
+              first_momentum, m, v, vmax, picked):
+    """Train M stacked MLPs (rows of ``flat``: w1 (h, d), b1 (h), w2 (C, h), b2 (C), raveled)
+    for ``len(sizes)`` minibatch steps, in place.
+
+    Row k trains on X[start[k] + rows[k, s, i]], Y[...] for i < ``sizes[s]`` at step s (X: all
+    jobs' data, one after the other, float64); cross-entropy averaged over the minibatch; then
+    Adam with amsgrad and L2
+    weight decay as ``torch.optim.Adam`` (``c1[s, k]`` = lr / (1 - beta1^t), ``c2[s, k]`` =
+    1 / sqrt(1 - beta2^t) for row k at step s), SGD with momentum (``first_momentum[k]``: the
+    row's buffer starts as its first gradient), or plain SGD. ``m``, ``v``, ``vmax`` are the
+    optimizer's buffers (continued and left in place); ``picked[s, k, i]`` receives p(y | x)
+    of sample i of step s, from which the caller takes the loss."""
+    d, h, C = dims[0], dims[1], dims[2]
+    M = flat.shape[0]
+    o_b1 = h * d
+    o_w2 = o_b1 + h
+    o_b2 = o_w2 + C * h
+    P = flat.shape[1]
+    B = rows.shape[2]
+    x = np.empty((B, d))
+    y = np.empty(B, dtype=np.int64)
+    z1 = np.empty((B, h))
+    a1 = np.empty((B, h))
+    p = np.empty((B, C))
+    d1 = np.empty((B, h))
+    grad = np.empty(P)
+    beta1, beta2, eps = 0.9, 0.999, 1e-8
+    for k in range(M):
+        w = flat[k]
+        t = 0
+        for s in range(sizes.shape[0]):
+            bsz = sizes[s]
+            if bsz == 0:
+                continue
+            t += 1
+            for i in range(bsz):
+                r = start[k] + rows[k, s, i]
+                y[i] = Y[r]
+                for q in range(d):
+                    x[i, q] = X[r, q]
+            # forward: z1 = x w1^T + b1, a1 = relu(z1), p = softmax(a1 w2^T + b2)
+            for i in range(bsz):
+                for j in range(h):
+                    acc = 0.0
+                    for q in range(d):
+                        acc = _fma(x[i, q], w[j * d + q], acc)
+                    z = acc + w[o_b1 + j]
+                    z1[i, j] = z
+                    a1[i, j] = _maximum(z, 0.0)
+                top = -np.inf
+                for c in range(C):
+                    acc = 0.0
+                    for j in range(h):
+                        acc = _fma(a1[i, j], w[o_w2 + c * h + j], acc)
+                    acc = acc + w[o_b2 + c]
+                    p[i, c] = acc
+                    top = acc if c == 0 else _maximum(top, acc)
+                for c in range(C):
+                    p[i, c] = np.exp(p[i, c] - top)
+                total = _row_sum(p, i, C)
+                for c in range(C):
+                    p[i, c] = p[i, c] / total
+                picked[s, k, i] = p[i, y[i]]
+                p[i, y[i]] = p[i, y[i]] - 1.0
+                for c in range(C):
+                    p[i, c] = p[i, c] / bsz
+            # backward: gradients of the mean cross-entropy
+            for c in range(C):
+                for j in range(h):
+                    acc = 0.0
+                    for i in range(bsz):
+                        acc = _fma(p[i, c], a1[i, j], acc)
+                    grad[o_w2 + c * h + j] = acc
+                acc = p[0, c]
+                for i in range(1, bsz):
+                    acc = acc + p[i, c]
+                grad[o_b2 + c] = acc
+            for i in range(bsz):
+                for j in range(h):
+                    acc = 0.0
+                    for c in range(C):
+                        acc = _fma(p[i, c], w[o_w2 + c * h + j], acc)
+                    d1[i, j] = acc * (1.0 if z1[i, j] > 0 else 0.0)
+            for j in range(h):
+                for q in range(d):
+                    acc = 0.0
+                    for i in range(bsz):
+                        acc = _fma(d1[i, j], x[i, q], acc)
+                    grad[j * d + q] = acc
+                acc = d1[0, j]
+                for i in range(1, bsz):
+                    acc = acc + d1[i, j]
+                grad[o_b1 + j] = acc
+            # the optimizer step, element by element as torch.optim does it
+            if wd != 0.0:
+                for e in range(P):
+                    grad[e] = grad[e] + w[e] * wd
+            if adam:
+                a, b = c1[s, k], c2[s, k]
+                for e in range(P):
+                    g = grad[e]
+                    m[k, e] = m[k, e] * beta1 + g * (1 - beta1)
+                    v[k, e] = v[k, e] * beta2 + (g * g) * (1 - beta2)
+                    vmax[k, e] = _maximum(vmax[k, e], v[k, e])
+                    w[e] = w[e] - (m[k, e] / (np.sqrt(vmax[k, e]) * b + eps)) * a
+            elif momentum != 0.0:
+                for e in range(P):
+                    if t == 1 and first_momentum[k]:
+                        m[k, e] = grad[e]
+                    else:
+                        m[k, e] = m[k, e] * momentum + grad[e]
+                    w[e] = w[e] - m[k, e] * lr
+            else:
+                for e in range(P):
+                    w[e] = w[e] - grad[e] * lr

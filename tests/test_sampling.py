@@ -1,0 +1,90 @@
+"""Minibatches drawn in one call equal NumPy's ``choice`` calls one by one, and leave the
+generator where those calls leave it, so every seeded result keeps its meaning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedcluster_app.core import sampling
+from fedcluster_app.core.config import TrainConfig
+from fedcluster_app.core.sampling import choice_batches
+from fedcluster_app.core.training import batch_indices
+
+
+def _pair(seed: int, halves: int) -> tuple[np.random.Generator, np.random.Generator]:
+    """Two generators in the same state; ``halves`` 32-bit draws first (an odd number leaves
+    half of a 64-bit output buffered, which the next draw must use first)."""
+    a, b = np.random.default_rng([seed, 11]), np.random.default_rng([seed, 11])
+    for g in (a, b):
+        g.integers(0, 7, size=halves, dtype=np.uint32)
+    return a, b
+
+
+def _assert_same(n: int, size: int, count: int, seed: int, halves: int) -> None:
+    expected_rng, rng = _pair(seed, halves)
+    expected = [expected_rng.choice(n, size=size, replace=False) for _ in range(count)]
+    got = choice_batches(rng, n, size, count)
+    assert len(got) == count
+    for e, g in zip(expected, got):
+        assert g.dtype == e.dtype and np.array_equal(g, e), (n, size, count, seed, halves)
+    assert rng.bit_generator.state == expected_rng.bit_generator.state
+    # and the streams go on alike, for 32-bit and 64-bit draws
+    assert rng.integers(0, 1000, dtype=np.uint32) == expected_rng.integers(0, 1000, dtype=np.uint32)
+    assert np.array_equal(rng.random(3), expected_rng.random(3))
+
+
+@pytest.mark.parametrize("halves", [0, 1, 2, 3])
+def test_equals_choice_on_the_paper_protocol(halves):
+    for seed in range(20):
+        _assert_same(500, 50, 50, seed, halves)
+
+
+def test_equals_choice_over_random_shapes():
+    pick = np.random.default_rng(2026)
+    for _ in range(600):
+        n = int(pick.choice([1, 2, 3, 7, 64, 500, 4096, 9999, 10000, 10001, 60000,
+                             int(pick.integers(1, 3000))]))
+        size = int(pick.integers(1, min(n, 130) + 1))
+        _assert_same(n, size, int(pick.integers(1, 9)), int(pick.integers(2**31)),
+                     int(pick.integers(0, 3)))
+
+
+def test_whole_population_and_single_draws():
+    for n in (1, 2, 5, 50):
+        for halves in (0, 1):
+            _assert_same(n, n, 4, n, halves)     # size = n: Floyd's first range is [0, 0]
+            _assert_same(n, 1, 4, n, halves)
+
+
+def test_fallback_paths_still_equal_choice():
+    """Outside the replayed path (NumPy's tail shuffle, another bit generator) it calls choice."""
+    _assert_same(20000, 1000, 2, 3, 1)          # n > 10000 and size > n // 50
+    a = np.random.Generator(np.random.Philox(5))
+    b = np.random.Generator(np.random.Philox(5))
+    assert all(np.array_equal(x, y) for x, y in
+               zip([a.choice(100, size=10, replace=False) for _ in range(3)],
+                   choice_batches(b, 100, 10, 3)))
+
+
+def test_runs_out_of_words_and_replays_with_more(monkeypatch):
+    """A buffer too small for the draws is noticed and the draw repeated with a larger one."""
+    calls = []
+    real = sampling._replay
+
+    def small_first(raw, leftover, n, size, out):
+        calls.append(len(raw))
+        return real(raw[:3] if len(calls) == 1 else raw, leftover, n, size, out)
+
+    monkeypatch.setattr(sampling, "_replay", small_first)
+    _assert_same(500, 50, 5, 1, 1)
+    assert len(calls) == 2 and calls[1] == 2 * calls[0]
+
+
+def test_batch_indices_draws_the_choice_minibatches():
+    cfg = TrainConfig(local_steps=50, batch_size=50)
+    got = batch_indices(300, cfg, np.random.default_rng(4))
+    rng = np.random.default_rng(4)
+    assert all(np.array_equal(g, rng.choice(300, size=50, replace=False)) for g in got)
+    # fewer samples than a batch: the whole (shuffled) client each step
+    assert all(sorted(b) == list(range(20)) for b in batch_indices(20, cfg, rng))
