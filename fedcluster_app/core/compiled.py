@@ -203,80 +203,124 @@ def train_mlp(flat, X, Y, start, rows, sizes, dims, adam, momentum, wd, lr, c1, 
     o_b2 = o_w2 + C * h
     P = flat.shape[1]
     B = rows.shape[2]
-    x = np.empty((B, d))
+    # sample-major buffers (feature x sample): the loops over a minibatch's samples run
+    # innermost and vectorise; every element still sees the same operations in the same order
+    xT = np.empty((d, B))
     y = np.empty(B, dtype=np.int64)
-    z1 = np.empty((B, h))
-    a1 = np.empty((B, h))
-    p = np.empty((B, C))
-    d1 = np.empty((B, h))
+    z1 = np.empty((h, B))
+    a1 = np.empty((h, B))
+    p = np.empty((C, B))
+    d1 = np.empty((h, B))
+    top = np.empty(B)
+    total = np.empty(B)
+    col = np.empty((B, C))                      # a sample's class scores, for sums over >= 8
     grad = np.empty(P)
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     for k in range(M):
         w = flat[k]
+        w1 = w[:o_b1].reshape((h, d))
+        b1 = w[o_b1:o_w2]
+        w2 = w[o_w2:o_b2].reshape((C, h))
+        b2 = w[o_b2:]
+        g1 = grad[:o_b1].reshape((h, d))
+        gb1 = grad[o_b1:o_w2]
+        g2 = grad[o_w2:o_b2].reshape((C, h))
+        gb2 = grad[o_b2:]
         t = 0
         for s in range(sizes.shape[0]):
-            bsz = sizes[s]
-            if bsz == 0:
+            n = sizes[s]
+            if n == 0:
                 continue
             t += 1
-            for i in range(bsz):
+            for i in range(n):
                 r = start[k] + rows[k, s, i]
                 y[i] = Y[r]
                 for q in range(d):
-                    x[i, q] = X[r, q]
+                    xT[q, i] = X[r, q]
             # forward: z1 = x w1^T + b1, a1 = relu(z1), p = softmax(a1 w2^T + b2)
-            for i in range(bsz):
+            for j in range(h):
+                for i in range(n):
+                    z1[j, i] = 0.0
+                for q in range(d):
+                    wq = w1[j, q]
+                    for i in range(n):
+                        z1[j, i] = _fma(xT[q, i], wq, z1[j, i])
+                bj = b1[j]
+                for i in range(n):
+                    z = z1[j, i] + bj
+                    z1[j, i] = z
+                    a1[j, i] = _maximum(z, 0.0)
+            for c in range(C):
+                for i in range(n):
+                    p[c, i] = 0.0
                 for j in range(h):
-                    acc = 0.0
-                    for q in range(d):
-                        acc = _fma(x[i, q], w[j * d + q], acc)
-                    z = acc + w[o_b1 + j]
-                    z1[i, j] = z
-                    a1[i, j] = _maximum(z, 0.0)
-                top = -np.inf
-                for c in range(C):
-                    acc = 0.0
-                    for j in range(h):
-                        acc = _fma(a1[i, j], w[o_w2 + c * h + j], acc)
-                    acc = acc + w[o_b2 + c]
-                    p[i, c] = acc
-                    top = acc if c == 0 else _maximum(top, acc)
-                for c in range(C):
-                    p[i, c] = np.exp(p[i, c] - top)
-                total = _row_sum(p, i, C)
-                for c in range(C):
-                    p[i, c] = p[i, c] / total
-                picked[s, k, i] = p[i, y[i]]
-                p[i, y[i]] = p[i, y[i]] - 1.0
-                for c in range(C):
-                    p[i, c] = p[i, c] / bsz
-            # backward: gradients of the mean cross-entropy
+                    wc = w2[c, j]
+                    for i in range(n):
+                        p[c, i] = _fma(a1[j, i], wc, p[c, i])
+                bc = b2[c]
+                for i in range(n):
+                    p[c, i] = p[c, i] + bc
+            for i in range(n):
+                top[i] = p[0, i]
+            for c in range(1, C):
+                for i in range(n):
+                    top[i] = _maximum(top[i], p[c, i])
+            for c in range(C):
+                for i in range(n):
+                    p[c, i] = np.exp(p[c, i] - top[i])
+            if C < 8:                           # one class after the other, as NumPy's chain
+                for i in range(n):
+                    total[i] = p[0, i]
+                for c in range(1, C):
+                    for i in range(n):
+                        total[i] = total[i] + p[c, i]
+            else:
+                for i in range(n):
+                    for c in range(C):
+                        col[i, c] = p[c, i]
+                    total[i] = _pairwise(col, i, C)
+            for c in range(C):
+                for i in range(n):
+                    p[c, i] = p[c, i] / total[i]
+            for i in range(n):
+                picked[s, k, i] = p[y[i], i]
+                p[y[i], i] = p[y[i], i] - 1.0
+            for c in range(C):
+                for i in range(n):
+                    p[c, i] = p[c, i] / n
+            # backward: gradients of the mean cross-entropy (products summed over the
+            # samples one after the other, every (row, column) its own running sum)
             for c in range(C):
                 for j in range(h):
-                    acc = 0.0
-                    for i in range(bsz):
-                        acc = _fma(p[i, c], a1[i, j], acc)
-                    grad[o_w2 + c * h + j] = acc
-                acc = p[0, c]
-                for i in range(1, bsz):
-                    acc = acc + p[i, c]
-                grad[o_b2 + c] = acc
-            for i in range(bsz):
-                for j in range(h):
-                    acc = 0.0
-                    for c in range(C):
-                        acc = _fma(p[i, c], w[o_w2 + c * h + j], acc)
-                    d1[i, j] = acc * (1.0 if z1[i, j] > 0 else 0.0)
+                    g2[c, j] = 0.0
+                gb2[c] = p[c, 0]
+            for i in range(n):
+                for c in range(C):
+                    pc = p[c, i]
+                    for j in range(h):
+                        g2[c, j] = _fma(pc, a1[j, i], g2[c, j])
+                    if i > 0:
+                        gb2[c] = gb2[c] + pc
+            for j in range(h):
+                for i in range(n):
+                    d1[j, i] = 0.0
+                for c in range(C):
+                    wc = w2[c, j]
+                    for i in range(n):
+                        d1[j, i] = _fma(p[c, i], wc, d1[j, i])
+                for i in range(n):
+                    d1[j, i] = d1[j, i] * (1.0 if z1[j, i] > 0 else 0.0)
             for j in range(h):
                 for q in range(d):
-                    acc = 0.0
-                    for i in range(bsz):
-                        acc = _fma(d1[i, j], x[i, q], acc)
-                    grad[j * d + q] = acc
-                acc = d1[0, j]
-                for i in range(1, bsz):
-                    acc = acc + d1[i, j]
-                grad[o_b1 + j] = acc
+                    g1[j, q] = 0.0
+                gb1[j] = d1[j, 0]
+            for i in range(n):
+                for j in range(h):
+                    dj = d1[j, i]
+                    for q in range(d):
+                        g1[j, q] = _fma(dj, xT[q, i], g1[j, q])
+                    if i > 0:
+                        gb1[j] = gb1[j] + dj
             # the optimizer step, element by element as torch.optim does it
             if wd != 0.0:
                 for e in range(P):
@@ -299,3 +343,35 @@ def train_mlp(flat, X, Y, start, rows, sizes, dims, adam, momentum, wd, lr, c1, 
             else:
                 for e in range(P):
                     w[e] = w[e] - grad[e] * lr
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def mean_losses(picked, sizes):
+    """Each row's training loss from ``train_mlp``'s ``picked``: the mean over steps of the
+    step's mean cross-entropy, -log p(y | x), in NumPy's order: a step's mean sums its samples
+    pairwise; the steps' means are added one after the other, or pairwise for a single row
+    (NumPy then reduces one contiguous axis)."""
+    steps, M = picked.shape[0], picked.shape[1]
+    out = np.zeros(M)
+    logs = np.empty((1, picked.shape[2]))
+    means = np.empty((1, steps))
+    for k in range(M):
+        used = 0
+        for s in range(steps):
+            n = sizes[s]
+            if n == 0:
+                continue
+            for i in range(n):
+                logs[0, i] = np.log(picked[s, k, i])
+            means[0, used] = _pairwise(logs, 0, n) / n
+            used += 1
+        if used == 0:
+            continue
+        if M == 1:
+            total = _pairwise(means, 0, used)
+        else:
+            total = means[0, 0]
+            for s in range(1, used):
+                total = total + means[0, s]
+        out[k] = -(total / used)
+    return out

@@ -104,14 +104,8 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
                           adam, float(cfg.momentum), float(cfg.weight_decay), float(cfg.lr),
                           c1, c2, ~kept, m, v, vmax, picked)
     # the mean over minibatches of the minibatch's mean cross-entropy, as local_train reports
-    used = [s for s in range(len(sizes)) if sizes[s] > 0]
-    if not used:
-        losses = np.zeros(M)
-    elif len(set(sizes[used])) == 1:
-        losses = -np.log(picked[used]).mean(axis=2).mean(axis=0)
-    else:
-        losses = -np.mean([np.log(picked[s, :, :sizes[s]]).mean(axis=1) for s in used], axis=0)
-    t = len(used)
+    losses = _compiled().mean_losses(picked, sizes)
+    t = int(np.count_nonzero(sizes))
     for k, state in enumerate(states):
         if state is not None:
             _store_state(state, adam, cfg.momentum, shapes, offsets, t0[k] + t, m[k], v[k], vmax[k])
