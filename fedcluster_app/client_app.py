@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedcluster_app import families
@@ -63,7 +63,8 @@ def make_client(context: Context) -> StreamClient:
 
 
 def _config(msg: Message) -> dict:
-    return dict(msg.content.config_records[P.CONFIG]) if P.CONFIG in msg.content.config_records else {}
+    record = P.records_of(msg.content, ConfigRecord).get(P.CONFIG)
+    return dict(record) if record is not None else {}
 
 
 def _reply(msg: Message, client: StreamClient, config: dict, result: tuple) -> Message:

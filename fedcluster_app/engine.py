@@ -48,12 +48,13 @@ class InProcessGrid(Grid):
         rng = random.Random(run_id)
         # random node ids, like Flower's: nothing may rely on their order or value
         self.contexts: dict[int, Context] = {}
+        shared = dict(run_config)   # one dict for all nodes: load_experiment knows it at once
         for i in range(num_nodes):
             node_id = rng.getrandbits(62) + 2
             cfg = node_config(i) if node_config else {"partition-id": i, "num-partitions": num_nodes}
             self.contexts[node_id] = Context(
                 run_id=run_id, node_id=node_id, node_config=cfg, state=RecordDict(),
-                run_config=dict(run_config),
+                run_config=shared,
             )
         self._ids = itertools.count(1)
         self._replies: dict[str, Message] = {}

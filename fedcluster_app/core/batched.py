@@ -42,6 +42,7 @@ from fedcluster_app.core.models import (
     get_weights,
     scratch_model,
 )
+from fedcluster_app.core.sampling import batch_sizes
 from fedcluster_app.core.training import (
     OptimizerState,
     as_tensor,
@@ -183,7 +184,7 @@ def _groups(jobs: Sequence[FitJob], kernel_only: bool = False) -> dict[tuple, li
         key = (job.cfg,) if kernel_only else (
             job.cfg, job.numpy_kernel, job.spec, job.device,
             # the NumPy kernel stacks equal minibatch sizes; PyTorch pads and masks instead
-            tuple(len(b) for b in job.batches) if job.numpy_kernel else None,
+            batch_sizes(job.batches) if job.numpy_kernel else None,
             job.sample_weights is None, job.prox_center is None,
             # a kept optimizer state: the kernel continues it per row; PyTorch, per client
             job.optimizer_state is None)

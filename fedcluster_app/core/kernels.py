@@ -19,6 +19,7 @@ import functools
 
 import numpy as np
 
+from fedcluster_app.core.sampling import Minibatches, batch_sizes
 from fedcluster_app.core.training import batch_indices
 
 
@@ -70,7 +71,7 @@ def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], 
     ``numpy_train`` per job exactly."""
     groups: dict[tuple, list[int]] = {}
     for j, (weights, _, _, batches, *_) in enumerate(jobs):
-        key = (tuple(np.shape(w) for w in weights), tuple(len(b) for b in batches))
+        key = (tuple(np.shape(w) for w in weights), batch_sizes(batches))
         groups.setdefault(key, []).append(j)
     out: list = [None] * len(jobs)
     for members in groups.values():
@@ -86,7 +87,7 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     offsets = np.cumsum([0] + [int(np.prod(s)) for s in shapes])
     flat = np.stack([np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in weights])
                      for weights, *_ in jobs])                             # (M, P)
-    sizes = np.array([len(b) for b in jobs[0][3]], dtype=np.int64)   # the same for every job
+    sizes = np.array(batch_sizes(jobs[0][3]), dtype=np.int64)   # the same for every job
     X = np.concatenate([np.asarray(x, dtype=np.float64).reshape(len(x), -1) for _, x, *_ in jobs])
     Y = np.concatenate([np.asarray(y, dtype=np.int64) for _, _, y, *_ in jobs])
     start = np.cumsum([0] + [len(y) for _, _, y, *_ in jobs[:-1]]).astype(np.int64)
@@ -118,7 +119,8 @@ def _minibatch_rows(jobs: list[TrainJob], sizes: np.ndarray) -> np.ndarray:
     """Every job's minibatches as one (jobs, steps, largest batch) array of row indices; a
     step's shorter batch (an epoch's last) fills the first places."""
     if len(set(sizes.tolist())) == 1 and sizes[0] > 0:
-        return np.stack([np.stack(job[3]) for job in jobs]).astype(np.int64, copy=False)
+        return np.stack([job[3].array if isinstance(job[3], Minibatches) else np.stack(job[3])
+                         for job in jobs]).astype(np.int64, copy=False)
     rows = np.zeros((len(jobs), len(sizes), max(1, int(sizes.max(initial=0)))), dtype=np.int64)
     for k, job in enumerate(jobs):
         for s, batch in enumerate(job[3]):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import Message, MetricRecord
 
 from fedcluster_app.core import wire as P
 
@@ -84,7 +84,7 @@ def _validate(msg, cid, task, shapes, dtypes, max_examples) -> Reply:
     if msg.has_error():
         raise RejectedReply(f"client error: {msg.error.reason}")
     content = msg.content
-    records = content.metric_records   # a property that copies: read it once
+    records = P.records_of(content, MetricRecord)
     if P.METRICS not in records:
         raise RejectedReply("no metrics record")
     metrics = check_metrics(dict(records[P.METRICS]), max_examples)

@@ -25,6 +25,22 @@ from __future__ import annotations
 import numpy as np
 
 
+class Minibatches(list):
+    """The minibatches (rows of ``array``, count x size) as a list of index arrays; a trainer
+    that takes them all at once reads ``array`` instead of stacking them again."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__(array)
+        self.array = array
+
+
+def batch_sizes(batches: list[np.ndarray]) -> tuple[int, ...]:
+    """The size of every minibatch (what decides whether jobs can train in one program)."""
+    if isinstance(batches, Minibatches):
+        return (batches.array.shape[1],) * batches.array.shape[0]
+    return tuple(len(b) for b in batches)
+
+
 def choice_batches(rng: np.random.Generator, n: int, size: int, count: int) -> list[np.ndarray]:
     """``[rng.choice(n, size=size, replace=False) for _ in range(count)]``, same values, same
     generator state afterwards, in one compiled call."""
@@ -35,27 +51,27 @@ def choice_batches(rng: np.random.Generator, n: int, size: int, count: int) -> l
     start = bits.state
     leftover = int(start["uinteger"]) if start["has_uint32"] else -1
     out = np.empty((count, size), dtype=np.int64)
-    # Floyd and the shuffle take one word per element (bar a rare rejection): 2 per element
-    need = size * count + 64
+    # one word per bounded draw: Floyd's (none for a range of one) and the shuffle's, bar
+    # Lemire's rare rejections; the raw outputs are drawn as needed, so the generator ends
+    # where the calls leave it
+    words = count * (size - (size == n) + size - 1) - (leftover >= 0)
+    raw = bits.random_raw(max(0, (words + 1) // 2))
     while True:
-        raw = bits.random_raw(need)
         words, kept = _replay(raw, leftover, n, size, out)
         if words >= 0:
             break
-        need *= 2                      # a long run of rejections: replay with more words
-        bits.state = start
-    # leave the generator where `count` choice calls leave it: `words` 32-bit words taken
-    # from the raw outputs, the high half of the last one kept for the next call when odd
-    bits.state = start
+        raw = np.concatenate([raw, bits.random_raw(max(8, len(raw) // 8))])   # rejections
     if kept:                           # no word drawn at all (n = size = 1): as it was
-        return list(out)
-    bits.random_raw((words + 1) // 2)
+        return Minibatches(out)
+    if words < 2 * len(raw):           # more drawn than used: as many as the calls draw
+        bits.state = start
+        bits.random_raw((words + 1) // 2)
     end = bits.state
-    end["has_uint32"] = words % 2
-    if words:                          # NumPy keeps the high half of the last output it split
+    end["has_uint32"] = words % 2      # the high half of the last output kept for the next call
+    if words:                          # NumPy keeps that half even once it is used
         end["uinteger"] = int(raw[(words - 1) // 2]) >> 32
     bits.state = end
-    return list(out)
+    return Minibatches(out)
 
 
 def _replay(raw: np.ndarray, leftover: int, n: int, size: int, out: np.ndarray

@@ -587,7 +587,7 @@ class ClusteredStrategy(Strategy):
         """(client id, num-examples) of a discovery reply; RejectedReply when it has no usable
         client id (none, not an integer, or outside the scenario's clients)."""
         try:
-            records = msg.content.metric_records
+            records = P.records_of(msg.content, MetricRecord)
             if P.METRICS not in records:
                 raise RejectedReply("its reply has no metrics record")
             metrics = check_metrics(dict(records[P.METRICS]), self.max_examples)
