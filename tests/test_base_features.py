@@ -152,6 +152,8 @@ def test_wire_arrays_are_the_npy_bytes_flower_writes_and_reads():
     for a in cases:
         ours, theirs = P.to_array(a), Array.from_numpy_ndarray(np.array(a, order="C"))
         assert (ours.dtype, ours.shape, ours.data) == (theirs.dtype, theirs.shape, theirs.data)
+        # built without Flower's constructor: the very object it builds
+        assert ours.__dict__ == theirs.__dict__ and ours == theirs
         for back in (ours.numpy(), P.to_numpy(theirs), P.to_numpy(ours)):
             assert back.dtype == a.dtype and back.shape == a.shape and np.array_equal(back, a)
             assert back.flags.writeable

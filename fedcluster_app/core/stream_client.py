@@ -130,8 +130,9 @@ class StreamClient(NumPyClient):
             **kw) -> FitJob:
         """A training job on (x, y) whose minibatches come from stream ``stream_id`` of this
         client's round."""
-        kw.setdefault("optimizer_state", self.optimizer_state(config, stream_id))
-        return FitJob.drawing(self.exp.spec, weights, x, y, cfg or self.train_config(config),
+        cfg = cfg or self.train_config(config)
+        kw.setdefault("optimizer_state", self.optimizer_state(config, stream_id, cfg))
+        return FitJob.drawing(self.exp.spec, weights, x, y, cfg,
                               self.rng(int(config[P.ROUND]), stream_id), device=self.device, **kw)
 
     def evaluate(self, parameters, config):
@@ -169,14 +170,16 @@ class StreamClient(NumPyClient):
     def store_personal(self, weights: list[np.ndarray]) -> None:
         self.state[PERSONAL_KEY] = P.pack_arrays(weights)
 
-    def optimizer_state(self, config: dict, stream_id: int) -> OptimizerState | None:
+    def optimizer_state(self, config: dict, stream_id: int, cfg: TrainConfig | None = None
+                        ) -> OptimizerState | None:
         """With ``optimizer-state = "step"`` (as the FedDrift authors' clients, whose optimizers
         live for one time step): the state this client's optimizer of model ``stream_id`` was
         left in by its last training in the current time step, ``{}`` if there was none (a
         fresh optimizer). The trainer updates it in place and :meth:`keep_optimizer_states`
         stores it once the message's handler has finished. ``None`` (the default,
-        ``optimizer-state = "round"``): a fresh optimizer every round, nothing kept."""
-        if self.train_config(config).optimizer_state != "step":
+        ``optimizer-state = "round"``): a fresh optimizer every round, nothing kept. ``cfg``:
+        the message's training config, when the caller has it already."""
+        if (cfg or self.train_config(config)).optimizer_state != "step":
             return None
         step, key = int(config[P.STEP]), f"{OPTIMIZER_PREFIX}{stream_id}"
         state: OptimizerState = {}

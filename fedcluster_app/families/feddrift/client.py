@@ -144,7 +144,7 @@ def train(client: StreamClient, config: dict, models: Models):
         jobs.append(FitJob(client.exp.spec, models[mid], x, y,
                            batches or batch_indices(len(y), cfg, rng), cfg, client.device,
                            numpy_kernel=_use_numpy(client, config, models[mid]),
-                           optimizer_state=client.optimizer_state(config, mid)))
+                           optimizer_state=client.optimizer_state(config, mid, cfg)))
         per_model[mid] = {P.NUM_EXAMPLES: len(y)}
     results = yield jobs      # this client's NumPy models train together (one call per step)
     trained = {}
