@@ -157,5 +157,13 @@ def test_wire_arrays_are_the_npy_bytes_flower_writes_and_reads():
         for back in (ours.numpy(), P.to_numpy(theirs), P.to_numpy(ours)):
             assert back.dtype == a.dtype and back.shape == a.shape and np.array_equal(back, a)
             assert back.flags.writeable
+    # a record of them, built without Flower's per-item checks: the record setitem builds
+    from flwr.app import ArrayRecord
+
+    theirs = ArrayRecord()
+    for i, a in enumerate(cases):
+        theirs[str(i)] = Array.from_numpy_ndarray(np.array(a, order="C"))
+    ours = P.pack_arrays(cases)
+    assert ours.__dict__ == theirs.__dict__ and ours == theirs and list(ours) == list(theirs)
     fortran = Array.from_numpy_ndarray(np.asfortranarray(rng.normal(size=(3, 5))))
     np.testing.assert_array_equal(P.to_numpy(fortran), fortran.numpy())

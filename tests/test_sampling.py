@@ -12,6 +12,12 @@ from fedcluster_app.core.sampling import choice_batches
 from fedcluster_app.core.training import batch_indices
 
 
+@pytest.fixture(autouse=True)
+def replayed(monkeypatch):
+    """Every call takes the compiled replay (a process's first calls call ``choice``)."""
+    monkeypatch.setattr(sampling, "LOOP_FIRST_CALLS", 0)
+
+
 def _pair(seed: int, halves: int) -> tuple[np.random.Generator, np.random.Generator]:
     """Two generators in the same state; ``halves`` 32-bit draws first (an odd number leaves
     half of a 64-bit output buffered, which the next draw must use first)."""
@@ -79,6 +85,15 @@ def test_runs_out_of_words_and_replays_with_more(monkeypatch):
     monkeypatch.setattr(sampling, "_replay", small_first)
     _assert_same(500, 50, 5, 1, 1)
     assert len(calls) == 2 and calls[1] > calls[0]
+
+
+def test_a_process_first_calls_choice_then_replays(monkeypatch):
+    """The first calls of a process do not load the compiled replay; the draws are the same."""
+    monkeypatch.setattr(sampling, "LOOP_FIRST_CALLS", 2)
+    monkeypatch.setattr(sampling, "_CALLS", 0)
+    kinds = [type(choice_batches(np.random.default_rng(k), 500, 50, 3)) for k in range(3)]
+    assert kinds == [list, list, sampling.Minibatches]
+    _assert_same(500, 50, 3, 5, 1)
 
 
 def test_batch_indices_draws_the_choice_minibatches():

@@ -25,6 +25,13 @@ from __future__ import annotations
 import numpy as np
 
 
+#: the first calls of a process draw with ``choice`` itself: loading the compiled replay costs
+#: about a second, which a process that trains once (a deployment's ClientApp process per
+#: message) would pay for a few milliseconds of draws; both give the same minibatches
+LOOP_FIRST_CALLS = 20
+_CALLS = 0
+
+
 class Minibatches(list):
     """The minibatches (rows of ``array``, count x size) as a list of index arrays; a trainer
     that takes them all at once reads ``array`` instead of stacking them again."""
@@ -44,9 +51,11 @@ def batch_sizes(batches: list[np.ndarray]) -> tuple[int, ...]:
 def choice_batches(rng: np.random.Generator, n: int, size: int, count: int) -> list[np.ndarray]:
     """``[rng.choice(n, size=size, replace=False) for _ in range(count)]``, same values, same
     generator state afterwards, in one compiled call."""
+    global _CALLS
+    _CALLS += 1
     bits = rng.bit_generator
     if (count <= 0 or type(bits) is not np.random.PCG64 or not 0 < size <= n < 2**31
-            or (n > 10000 and size > n // 50)):
+            or (n > 10000 and size > n // 50) or _CALLS <= LOOP_FIRST_CALLS):
         return [rng.choice(n, size=size, replace=False) for _ in range(count)]
     start = bits.state
     leftover = int(start["uinteger"]) if start["has_uint32"] else -1

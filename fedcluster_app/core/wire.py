@@ -206,20 +206,24 @@ def _held(array: Array) -> np.ndarray | None:
     return None if array.data else array.__dict__.get(_HELD)
 
 
+def _array_record(arrays: list[Array]) -> ArrayRecord:
+    """``ArrayRecord`` holding ``arrays`` under "0", "1", ...: what setting them one by one
+    builds (``tests/test_base_features.py`` compares them), without re-checking the keys and
+    the arrays this package made itself (a check per array, hundreds per round)."""
+    record = ArrayRecord()
+    record.__dict__["_data"].update((str(i), a) for i, a in enumerate(arrays))
+    record.__dict__["_is_dirty"] = True
+    return record
+
+
 def pack_arrays(arrays: list[np.ndarray]) -> ArrayRecord:
     """Arrays as a record of .npy bytes (for context.state and anything serialised)."""
-    record = ArrayRecord()
-    for i, a in enumerate(arrays):
-        record[str(i)] = to_array(a)
-    return record
+    return _array_record([to_array(a) for a in arrays])
 
 
 def pack_message_arrays(arrays: list[np.ndarray]) -> ArrayRecord:
     """Arrays for a message: by reference inside one process (``by_reference``), else bytes."""
-    record = ArrayRecord()
-    for i, a in enumerate(arrays):
-        record[str(i)] = _message_array(a)
-    return record
+    return _array_record([_message_array(a) for a in arrays])
 
 
 def unpack_arrays(record: ArrayRecord) -> list[np.ndarray]:

@@ -1,0 +1,72 @@
+"""What one model's minibatches of one round cost: NumPy's ``choice`` call per step against the
+bulk draw (``core/sampling.choice_batches``), and the compiled MLP trainer per step.
+
+FedDrift's protocol: 50 local steps, minibatches of 50 out of a client's 500 samples, a 2-4-2
+MLP trained with Adam. Both draws give the same indices (checked here too); the ratio, measured
+in one run, is what the bulk draw saves. The trainer is timed for 10 models in one call (a
+round's clients, batched) and for one model (one by one).
+
+    python benchmarks/bench_draws.py [--repeats 2000] [--jsonl docs/performance_draws.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import timeit
+from pathlib import Path
+
+import numpy as np
+from raw_rows import load_average, machine, write_rows
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fedcluster_app.core.config import TrainConfig  # noqa: E402
+from fedcluster_app.core.kernels import numpy_train_many  # noqa: E402
+from fedcluster_app.core.sampling import choice_batches  # noqa: E402
+from fedcluster_app.core.training import batch_indices  # noqa: E402
+
+N, SIZE, STEPS = 500, 50, 50
+
+
+def per_call(fn, repeats: int) -> float:
+    fn()                                            # compile / warm caches, not timed
+    return min(timeit.repeat(fn, number=repeats, repeat=3)) / repeats
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=2000)
+    ap.add_argument("--jsonl", default="")
+    args = ap.parse_args()
+    load = load_average()
+    a, b = np.random.default_rng(0), np.random.default_rng(0)
+    same = all(np.array_equal(x, y) for x, y in zip(
+        [a.choice(N, size=SIZE, replace=False) for _ in range(STEPS)], choice_batches(b, N, SIZE, STEPS)))
+    rng = np.random.default_rng(1)
+    loop = per_call(lambda: [rng.choice(N, size=SIZE, replace=False) for _ in range(STEPS)],
+                    max(1, args.repeats // 10))
+    bulk = per_call(lambda: choice_batches(rng, N, SIZE, STEPS), args.repeats)
+    print(f"{STEPS} minibatches of {SIZE} out of {N}: choice per step {loop * 1e6:.0f} us, "
+          f"bulk {bulk * 1e6:.0f} us, {loop / bulk:.1f}x; same indices: {same}")
+    cfg = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=STEPS, batch_size=SIZE)
+    data = np.random.default_rng(2)
+    jobs = []
+    for _ in range(10):
+        w = [data.normal(size=(4, 2)), data.normal(size=4), data.normal(size=(2, 4)), data.normal(size=2)]
+        x = data.random((N, 2))
+        jobs.append((w, x, (x[:, 0] > x[:, 1]).astype(np.int64), batch_indices(N, cfg, data)))
+    ten = per_call(lambda: numpy_train_many(jobs, cfg), max(1, args.repeats // 20))
+    one = per_call(lambda: numpy_train_many(jobs[:1], cfg), max(1, args.repeats // 10))
+    print(f"MLP trainer, {STEPS} Adam steps: 10 models in one call {ten * 1e3:.2f} ms "
+          f"({ten / STEPS * 1e6:.0f} us per step), one model {one * 1e3:.2f} ms; "
+          f"load average {load[0]:.2f} at the start")
+    write_rows(args.jsonl, [{"what": "draws", "choice_loop_us": round(loop * 1e6, 1),
+                             "bulk_us": round(bulk * 1e6, 1), "ratio": round(loop / bulk, 2),
+                             "same_indices": same, **machine(load)},
+                            {"what": "mlp_trainer", "ten_models_ms": round(ten * 1e3, 3),
+                             "one_model_ms": round(one * 1e3, 3), **machine(load)}])
+
+
+if __name__ == "__main__":
+    main()
