@@ -127,7 +127,9 @@ def group_members(pgid: int) -> list[int]:
     """The live Flower processes of process group ``pgid`` (each process we start leads its own
     group, which also holds its SuperExec and app processes). Zombies count as gone: an init
     that never reaps (as in some containers) keeps them listed forever. Only processes whose
-    command line names flower/flwr count, so a reused PID is never taken for ours."""
+    command line names flower/flwr count, so a reused PID is never taken for ours, and those
+    whose command line is already gone (exiting: under load that takes a while, and a process
+    torn down must not be left running)."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pgid, os.WNOHANG)          # reap it if we started it
     proc = Path("/proc")
@@ -146,7 +148,9 @@ def group_members(pgid: int) -> list[int]:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError):
             continue                           # exited meanwhile
-        if b"flower" in cmdline or b"flwr" in cmdline:
+        # an exiting process has already lost its command line but is not a zombie yet: it is
+        # still ours (a reused PID leads its own group, under its own command line)
+        if not cmdline or b"flower" in cmdline or b"flwr" in cmdline:
             members.append(int(stat.parent.name))
     return members
 
