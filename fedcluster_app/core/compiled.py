@@ -182,6 +182,26 @@ def _row_sum(p, i, C):
     return _pairwise(p, i, C)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _layer_gradients(delta, inputs, n, g, gb):
+    """A layer's weight gradient g = delta inputs^T over the first n samples (each entry's
+    products summed one sample after the other with fused multiply-adds, every entry its own
+    running sum, as the BLAS product did) and its bias gradient gb = delta summed over the
+    samples (one after the other, as NumPy sums over that axis)."""
+    rows, cols = g.shape
+    for r in range(rows):
+        for c in range(cols):
+            g[r, c] = 0.0
+        gb[r] = delta[r, 0]
+    for i in range(n):
+        for r in range(rows):
+            dr = delta[r, i]
+            for c in range(cols):
+                g[r, c] = _fma(dr, inputs[c, i], g[r, c])
+            if i > 0:
+                gb[r] = gb[r] + dr
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def train_mlp(flat, X, Y, start, rows, sizes, dims, adam, momentum, wd, lr, c1, c2,
               first_momentum, m, v, vmax, picked):
@@ -290,17 +310,7 @@ def train_mlp(flat, X, Y, start, rows, sizes, dims, adam, momentum, wd, lr, c1, 
                     p[c, i] = p[c, i] / n
             # backward: gradients of the mean cross-entropy (products summed over the
             # samples one after the other, every (row, column) its own running sum)
-            for c in range(C):
-                for j in range(h):
-                    g2[c, j] = 0.0
-                gb2[c] = p[c, 0]
-            for i in range(n):
-                for c in range(C):
-                    pc = p[c, i]
-                    for j in range(h):
-                        g2[c, j] = _fma(pc, a1[j, i], g2[c, j])
-                    if i > 0:
-                        gb2[c] = gb2[c] + pc
+            _layer_gradients(p, a1, n, g2, gb2)
             for j in range(h):
                 for i in range(n):
                     d1[j, i] = 0.0
@@ -310,17 +320,7 @@ def train_mlp(flat, X, Y, start, rows, sizes, dims, adam, momentum, wd, lr, c1, 
                         d1[j, i] = _fma(p[c, i], wc, d1[j, i])
                 for i in range(n):
                     d1[j, i] = d1[j, i] * (1.0 if z1[j, i] > 0 else 0.0)
-            for j in range(h):
-                for q in range(d):
-                    g1[j, q] = 0.0
-                gb1[j] = d1[j, 0]
-            for i in range(n):
-                for j in range(h):
-                    dj = d1[j, i]
-                    for q in range(d):
-                        g1[j, q] = _fma(dj, xT[q, i], g1[j, q])
-                    if i > 0:
-                        gb1[j] = gb1[j] + dj
+            _layer_gradients(d1, xT, n, g1, gb1)
             # the optimizer step, element by element as torch.optim does it
             if wd != 0.0:
                 for e in range(P):
