@@ -183,6 +183,24 @@ def _row_sum(p, i, C):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def _layer_forward(inputs, w, b, n, out):
+    """A layer's pre-activations for the first n samples, sample-major: out[r, i] = the sum
+    over c of inputs[c, i] w[r, c] (fused multiply-adds one term after the other, as the BLAS
+    product did), then + b[r] (NumPy's separate add)."""
+    rows, cols = w.shape
+    for r in range(rows):
+        for i in range(n):
+            out[r, i] = 0.0
+        for c in range(cols):
+            wc = w[r, c]
+            for i in range(n):
+                out[r, i] = _fma(inputs[c, i], wc, out[r, i])
+        br = b[r]
+        for i in range(n):
+            out[r, i] = out[r, i] + br
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _layer_gradients(delta, inputs, n, g, gb):
     """A layer's weight gradient g = delta inputs^T over the first n samples (each entry's
     products summed one sample after the other with fused multiply-adds, every entry its own
@@ -258,28 +276,11 @@ def train_mlp(flat, X, Y, start, rows, sizes, dims, adam, momentum, wd, lr, c1, 
                 for q in range(d):
                     xT[q, i] = X[r, q]
             # forward: z1 = x w1^T + b1, a1 = relu(z1), p = softmax(a1 w2^T + b2)
+            _layer_forward(xT, w1, b1, n, z1)
             for j in range(h):
                 for i in range(n):
-                    z1[j, i] = 0.0
-                for q in range(d):
-                    wq = w1[j, q]
-                    for i in range(n):
-                        z1[j, i] = _fma(xT[q, i], wq, z1[j, i])
-                bj = b1[j]
-                for i in range(n):
-                    z = z1[j, i] + bj
-                    z1[j, i] = z
-                    a1[j, i] = _maximum(z, 0.0)
-            for c in range(C):
-                for i in range(n):
-                    p[c, i] = 0.0
-                for j in range(h):
-                    wc = w2[c, j]
-                    for i in range(n):
-                        p[c, i] = _fma(a1[j, i], wc, p[c, i])
-                bc = b2[c]
-                for i in range(n):
-                    p[c, i] = p[c, i] + bc
+                    a1[j, i] = _maximum(z1[j, i], 0.0)
+            _layer_forward(a1, w2, b2, n, p)
             for i in range(n):
                 top[i] = p[0, i]
             for c in range(1, C):
