@@ -244,6 +244,32 @@ def test_dense_pass_matches_the_sparse_pass_and_brute_force():
     assert core.Points(rng.normal(size=(50, 6)), "l1")._l1_entries().support() is None
 
 
+def test_compiled_full_pass_gives_the_sparse_pass_assignment_bit_for_bit():
+    """The compiled full pass (label vectors: a few labels each) gives the labels, upper and
+    lower bounds of the NumPy sparse pass to the last bit, ties included (exact ties: clients
+    that share no label with several centers); dense data keeps the NumPy passes."""
+    rng = np.random.default_rng(7)
+    x = _buckets(rng, 300, d=40, per=(2, 5))
+    pts = core.Points(x, "l1")
+    ent = pts._l1_entries()
+    assert ent.compiled_pass()
+    centers = np.stack([core.kmeans_pp(pts, 6, rng) for _ in range(4)])   # points: exact ties
+    centers[2] = 0.5 * centers[2] + 0.5 * rng.dirichlet(np.ones(40), size=6)
+    cnorm = ent.norms(centers)
+    eps = core._TIE * 3.0
+    lab, up, low = core._assign_all(ent, centers, cnorm, eps)
+    r, i = np.repeat(np.arange(4), 300), np.tile(np.arange(300), 4)
+    dist = ent.to_pairs(centers, cnorm, r, i).reshape(6, 4, 300)
+    near = np.sort(dist, 0)
+    ties = np.count_nonzero(near[1] == near[0])              # exactly tied nearest centers
+    want_lab, want_up = core._argmin0(dist, eps)
+    core._exclude(dist, want_lab)
+    assert np.array_equal(lab, want_lab) and np.array_equal(up, want_up)
+    assert np.array_equal(low, core._min0(dist))
+    assert ties > 0 and len(np.unique(lab)) > 1
+    assert not core.Points(rng.dirichlet(np.ones(6), 50), "l1")._l1_entries().compiled_pass()
+
+
 @pytest.mark.parametrize("kind", ["dense", "signed", "duplicates"])
 def test_lock_step_kmeans_on_dense_signed_and_duplicate_points(kind):
     rng = np.random.default_rng(5)

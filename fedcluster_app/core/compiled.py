@@ -4,9 +4,11 @@ disk beside this file.
 
 * ``replay``: NumPy's ``Generator.choice(n, size, replace=False)`` (bounded draws, Floyd's
   algorithm, the Fisher-Yates shuffle) on a generator's raw 64-bit outputs (``core/sampling.py``);
-* ``train_mlp``: the local training of stacked one-hidden-layer MLPs (``core/kernels.py``).
+* ``train_mlp``: the local training of stacked one-hidden-layer MLPs (``core/kernels.py``);
+* ``nearest_l1``: Fielding's full k-means assignment pass on sparse label vectors
+  (``families/fielding/clustering.py``).
 
-Both state NumPy's arithmetic operation by operation, so that they give the numbers NumPy
+Each states NumPy's arithmetic operation by operation, so that they give the numbers NumPy
 gives: the same draws; for the MLP, the same IEEE operations in the same order (products summed
 with fused multiply-adds one term after the other, as OpenBLAS's double-precision kernels do;
 NumPy's orders for sums over an axis; libm's ``exp``).
@@ -376,3 +378,43 @@ def mean_losses(picked, sizes):
                 total = total + means[0, s]
         out[k] = -(total / used)
     return out
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def nearest_l1(indptr, cols, vals, xnorm, centers_t, cnorm, eps, labels, upper, lower):
+    """Fielding's full assignment pass for non-negative sparse rows (CSR ``indptr``, ``cols``,
+    ``vals``; ``xnorm`` their l1 norms) and R restarts of K non-negative centers
+    (``centers_t``: R x d x K, ``cnorm``: R x K), into ``labels``, ``upper``, ``lower`` (R x N).
+
+    The distance is |x - c|_1 = (sum_{y in supp x} min(x_y, c_y)) * -2 + |x|_1 + |c|_1, the
+    minima added entry after entry from the row's first, as ``_L1Entries.to_pairs`` adds them
+    (so the same numbers, bit for bit). Then ``_argmin0``'s choice: the minimum plus ``eps``
+    is the upper bound, the label the lowest k >= 1 within it (else 0); ``lower`` is the
+    nearest other center (inf for K = 1), as ``_exclude`` + ``_min0``. One pass without the
+    R x K x N distance array."""
+    R, _, K = centers_t.shape
+    n = xnorm.shape[0]
+    acc = np.empty(K)
+    for r in range(R):
+        for i in range(n):
+            for k in range(K):
+                acc[k] = 0.0
+            for e in range(indptr[i], indptr[i + 1]):
+                y, v = cols[e], vals[e]
+                for k in range(K):
+                    acc[k] += min(centers_t[r, y, k], v)
+            bound = np.inf
+            for k in range(K):
+                acc[k] = (acc[k] * -2.0 + xnorm[i]) + cnorm[r, k]
+                bound = min(bound, acc[k])
+            if eps != 0.0:
+                bound += eps
+            best = 0
+            for k in range(K - 1, 0, -1):
+                if acc[k] <= bound:
+                    best = k
+            other = np.inf
+            for k in range(K):
+                if k != best:
+                    other = min(other, acc[k])
+            labels[r, i], upper[r, i], lower[r, i] = best, bound, other
