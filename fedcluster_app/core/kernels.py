@@ -81,6 +81,8 @@ def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], 
 
 
 def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], float]]:
+    from fedcluster_app.core import compiled     # Numba, loaded on first use
+
     M = len(jobs)
     shapes = [np.shape(w) for w in jobs[0][0]]
     (h, d), C = shapes[0], shapes[2][0]
@@ -101,11 +103,11 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
         t0[k] = _load_state(states[k], adam, shapes, m[k], v[k], vmax[k])
     c1, c2 = _adam_factors(float(cfg.lr), tuple(sizes > 0), tuple(t0))
     picked = np.empty((len(sizes), M, rows.shape[2]))   # p(y | x) of every sample, per step
-    _compiled().train_mlp(flat, X, Y, start, rows, sizes, np.array([d, h, C], dtype=np.int64),
-                          adam, float(cfg.momentum), float(cfg.weight_decay), float(cfg.lr),
-                          c1, c2, ~kept, m, v, vmax, picked)
+    compiled.train_mlp(flat, X, Y, start, rows, sizes, np.array([d, h, C], dtype=np.int64),
+                       adam, float(cfg.momentum), float(cfg.weight_decay), float(cfg.lr),
+                       c1, c2, ~kept, m, v, vmax, picked)
     # the mean over minibatches of the minibatch's mean cross-entropy, as local_train reports
-    losses = _compiled().mean_losses(picked, sizes)
+    losses = compiled.mean_losses(picked, sizes)
     t = int(np.count_nonzero(sizes))
     for k, state in enumerate(states):
         if state is not None:
@@ -149,12 +151,6 @@ def _adam_factors(lr: float, trains: tuple[bool, ...], t0: tuple[int, ...]
             c2[s], c1[s] = 1.0 / np.sqrt(1 - beta2 ** t), lr / (1 - beta1 ** t)
     c1.flags.writeable = c2.flags.writeable = False     # shared through the cache
     return c1, c2
-
-
-def _compiled():
-    from fedcluster_app.core import compiled     # Numba, loaded on first use
-
-    return compiled
 
 
 # ------------------------------------------------------ optimizer state (optimizer-state = step)

@@ -87,11 +87,8 @@ def _replay(raw: np.ndarray, leftover: int, n: int, size: int, out: np.ndarray
             ) -> tuple[int, bool]:
     """Fill ``out`` (count x size); the words taken from ``raw`` (-1: not enough of them) and
     whether the leftover half is still unused."""
-    words, unused = _compiled()(raw, np.int64(leftover), np.int64(n), np.int64(size), out)
-    return int(words), bool(unused)
-
-
-def _compiled():
     from fedcluster_app.core import compiled     # Numba, loaded on first use
 
-    return compiled.replay
+    words, unused = compiled.replay(raw, np.int64(leftover), np.int64(n), np.int64(size), out)
+    return int(words), bool(unused)
+

@@ -776,10 +776,12 @@ def _assign_all(ent: _L1Entries, centers: np.ndarray, cnorm: np.ndarray, eps: fl
     upper bounds (nearest distance + eps) and lower bounds (nearest other center), each R x N."""
     r, k, _ = centers.shape
     if dist is None and ent.compiled_pass():
+        from fedcluster_app.core import compiled     # Numba, loaded on first use
+
         lab, up, low = (np.empty((r, ent.n), dtype) for dtype in (np.int64, float, float))
-        _compiled().nearest_l1(ent.indptr, ent.cols, ent.vals, ent.xnorm,
-                               np.ascontiguousarray(centers.transpose(0, 2, 1)),
-                               np.ascontiguousarray(cnorm), float(eps), lab, up, low)
+        compiled.nearest_l1(ent.indptr, ent.cols, ent.vals, ent.xnorm,
+                            np.ascontiguousarray(centers.transpose(0, 2, 1)),
+                            np.ascontiguousarray(cnorm), float(eps), lab, up, low)
         return lab, up, low
     if dist is None:
         full = ent.full(centers, cnorm, buf)                                # R x K x N
@@ -1295,8 +1297,3 @@ def handle_drift(pts: Points, labels: np.ndarray, drifted: np.ndarray,
             why = "diameter"
     return DriftOutcome(labels, moves, new_centers, emptied, shifts, theta, threshold, why, diam)
 
-
-def _compiled():
-    from fedcluster_app.core import compiled     # Numba, loaded on first use
-
-    return compiled
