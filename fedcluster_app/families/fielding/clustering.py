@@ -57,7 +57,7 @@ _MERGE_ELEMENTS = 4_000_000    # restarts x clients iterated in lock step at onc
 _ENTRY_ELEMENTS = 200_000      # restarts x stored entries per pass of sums_all / costs_all
 _TIE = 1e-12                    # relative: l1 distances this close are tied (-> lowest k)
 _PAD_PAIRS = 20_000             # pairs x padded centers below which one pass beats two buckets
-_COMPILED_DENSITY = 0.1         # stored entries / (N x d) up to which full passes run compiled
+_COMPILED_DENSITY = 0.1         # slots per row / d up to which full passes run compiled
 
 
 # ------------------------------------------------------------------------------- distances
@@ -416,11 +416,13 @@ class _L1Entries:
 
     def compiled_pass(self) -> bool:
         """Whether :func:`_assign_all`'s full passes run compiled (``core/compiled.py``,
-        ``nearest_l1``): for sparse non-negative rows, where it costs O(nnz x K) per restart
-        against the dense product's O(N x d x K): 1.5x faster than :meth:`full` on the
-        drift-step trace (3.9 of 100 labels stored), and it gives :meth:`to_pairs`'s
-        distances bit for bit where :meth:`full` rounds differently (~1e-13)."""
-        return self.nonneg and len(self.vals) <= _COMPILED_DENSITY * self.n * self.d
+        ``nearest_l1``): for sparse non-negative rows of even length (:meth:`slots`), where
+        it costs O(L x N x K) per restart against the dense product's O(N x d x K): 2x
+        faster than :meth:`full` on the drift-step trace (L = 6 slots for 3.9 of 100 labels),
+        and it gives :meth:`to_pairs`'s distances bit for bit where :meth:`full` rounds
+        differently (~1e-13)."""
+        slots = self.slots()
+        return slots is not None and len(slots[0]) <= _COMPILED_DENSITY * self.d
 
     def support(self):
         """For the full passes of non-negative data: the support matrix B^T (d x N, 0/1) and the
@@ -779,8 +781,7 @@ def _assign_all(ent: _L1Entries, centers: np.ndarray, cnorm: np.ndarray, eps: fl
         from fedcluster_app.core import compiled     # Numba, loaded on first use
 
         lab, up, low = (np.empty((r, ent.n), dtype) for dtype in (np.int64, float, float))
-        compiled.nearest_l1(ent.indptr, ent.cols, ent.vals, ent.xnorm,
-                            np.ascontiguousarray(centers.transpose(0, 2, 1)),
+        compiled.nearest_l1(*ent.slots(), ent.xnorm, np.ascontiguousarray(centers),
                             np.ascontiguousarray(cnorm), float(eps), lab, up, low)
         return lab, up, low
     if dist is None:
