@@ -147,6 +147,57 @@ def test_ifca_w_keeps_k_models_and_assigns_among_them(tmp_path, schedule):
     assert all(set(r["identities"].values()) <= {0, 1} for r in steps.values())
 
 
+@pytest.mark.parametrize("choice, chosen", [("min-loss", 0), ("min-error", 1)])
+def test_per_round_ifca_trains_the_model_of_lowest_loss_or_lowest_error(monkeypatch, choice,
+                                                                        chosen):
+    """IFCA-W's client scores every model on its newest batch and trains only the best: by
+    cross-entropy (the IFCA paper) or by 0-1 error (the FedDrift authors' code, which picks the
+    highest accuracy); here model 0 has the lower cross-entropy and model 1 the lower error."""
+    from fedcluster_app.core.handlers import call
+    from fedcluster_app.core.models import initial_weights
+    from fedcluster_app.core.stream_client import StreamClient
+    from fedcluster_app.families.feddrift import client as fd_client
+    from flwr.app import RecordDict
+
+    exp = load_experiment(merge_overrides(default_run_config(), {
+        "strategy": "ifca-w", "scenario": "sea2", "num-steps": 3, "local-steps": 5,
+        "samples-per-step": 100, "test-samples": 50, "progress": False, "plot": False}))
+    models = {0: initial_weights(exp.spec, 0), 1: initial_weights(exp.spec, 1)}
+    scores = {id(models[0][0]): (0.5, 0.4), id(models[1][0]): (0.9, 0.1)}    # (ce, error)
+    monkeypatch.setattr(fd_client, "model_ce_error",
+                        lambda client, weights, x, y, config: scores[id(weights[0])])
+    metrics, trained, _ = call(fd_client.train, StreamClient(1, exp, RecordDict()),
+                               {P.ROUND: 2, P.STEP: 2, P.SELECT: choice, P.DATA_STEPS: [2]},
+                               models)
+    assert metrics[P.CHOSEN] == chosen and list(trained) == [chosen]
+    assert metrics[P.LOSSES] == [0.5, 0.9]          # the cross-entropies are reported either way
+
+
+@pytest.mark.parametrize("choice, select", [(None, "min-error"), ("loss", "min-loss")])
+def test_ifca_w_asks_for_the_lowest_error_model_by_default(tmp_path, schedule, monkeypatch,
+                                                          choice, select):
+    """IFCA-W chooses by 0-1 error as the FedDrift authors' code does (D23), by cross-entropy
+    with ``ifca-choice = "loss"``; a choice it does not know fails before round 1."""
+    from fedcluster_app.families.feddrift.baselines import IFCAW
+
+    sent = []
+    original = IFCAW.plan_train
+
+    def spy(self, step):
+        tasks = original(self, step)
+        sent.extend(t.config.get(P.SELECT) for t in tasks.values())
+        return tasks
+
+    extra = {} if choice is None else {"feddrift-baselines.ifca-choice": choice}
+    monkeypatch.setattr(IFCAW, "plan_train", spy)
+    run_inprocess(_cfg(tmp_path, strategy="ifca-w", schedule=schedule, **extra))
+    assert set(sent) == {None, select}      # round 1: everybody trains model 0 (warm start)
+    if choice is None:
+        with pytest.raises(ConfigError, match="ifca-choice"):
+            run_inprocess(_cfg(tmp_path, strategy="ifca-w", schedule=schedule,
+                               **{"feddrift-baselines.ifca-choice": "accuracy"}))
+
+
 @pytest.mark.parametrize("delta", [0.0, -0.1, 1.5])
 def test_bad_delta_fails_before_round_one(tmp_path, delta):
     cfg = _cfg(tmp_path, strategy="feddrift", **{"feddrift.delta": delta})

@@ -38,7 +38,8 @@ METRICS = "metrics"
 ROUND = "server-round"
 STEP = "time-step"
 TRAIN_IDS = "train-ids"        # models to train (default: every model in the message)
-SELECT = "select"              # "min-loss": train only the lowest-loss model (IFCA)
+SELECT = "select"              # "min-loss": train only the lowest-loss model (IFCA); the
+                               # FedDrift family also "min-error": the lowest 0-1 error
 PERSONAL = "personal"          # train/evaluate the client's own model kept in context.state
 MIXTURE = "mixture-weights"    # evaluate: predict with this weighted mixture of the models sent
 DATA_STEPS = "data-steps"      # train/losses on these time steps' training data instead of the

@@ -81,9 +81,24 @@ class OracleW(Oracle):
 
 
 class IFCAW(IFCA):
+    """IFCA-W: per-round IFCA on the newest batch. Every round each client trains the model of
+    lowest 0-1 error on its newest batch (``ifca-choice = "error"``, the FedDrift authors'
+    code: highest accuracy, ties to the lowest id; docs/feddrift.md, D23) or of lowest
+    cross-entropy (``"loss"``, IFCA's rule); each model is the sample-weighted mean of the
+    clients that trained it. "An Efficient Framework for Clustered Federated Learning", Ghosh
+    et al., NeurIPS 2020, https://arxiv.org/abs/2006.04088, as the FedDrift paper runs it."""
+
     name, description, Params = catalogue.IFCA_W.class_attributes()
     protocol_factory = TimeStepProtocol.window(1)
     warm_start = True        # everybody trains model 0 in round 1 (D15)
+
+    def plan_train(self, step: int) -> dict[int, Task]:
+        tasks = super().plan_train(step)
+        if self.params.ifca_choice == "error":      # IFCA's own tasks choose by loss
+            for task in tasks.values():
+                if P.SELECT in task.config:
+                    task.config[P.SELECT] = "min-error"
+        return tasks
 
 
 class CFLT(CFL):

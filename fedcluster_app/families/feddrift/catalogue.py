@@ -54,8 +54,8 @@ IFCA_T = StrategyInfo(
     "ifca-t", "IFCA(T): k models, cluster once per step to the lowest error, all history",
     f"{_PKG}.baselines:IFCAT")
 IFCA_W = StrategyInfo(
-    "ifca-w", "IFCA-W: k models, every round each client trains its lowest-loss one, newest batch",
-    f"{_PKG}.baselines:IFCAW")
+    "ifca-w", "IFCA-W: k models, every round each client trains its lowest-error one, newest batch",
+    f"{_PKG}.baselines:IFCAW", BaselineParams)
 WEIGHTED_LINEAR = StrategyInfo(
     "weighted-linear",
     "FedDrift baseline: FedAvg on all history, steps sampled with probability ~ t",

@@ -6,7 +6,8 @@ Message kinds registered here:
   attached to it (``data-steps.<id>``), K minibatch steps each (TRAIN in docs/feddrift.md;
   minibatches: D9). Optional per model: ``fd.step-weights.<id>`` (one weight per attached step:
   each minibatch first draws a step with these probabilities, Weighted-Linear/-Exp) and
-  ``select = "min-loss"`` (per-round IFCA: train only the lowest-loss model). Replies carry
+  ``select = "min-loss"`` / ``"min-error"`` (per-round IFCA: train only the model of lowest
+  cross-entropy / 0-1 error on the newest batch, ties to the lowest id). Replies carry
   n(c, m) per model.
 * ``query.fd_probe`` -- 0-1 error, cross-entropy and sample count of every model sent on the
   training batch of ``data-steps`` (the probe at the start of a step, docs/feddrift.md D2).
@@ -113,15 +114,20 @@ def _weighted_batches(client: StreamClient, steps: list[int], weights: list[floa
     return x, y, batches
 
 
+#: per-round IFCA's choice: which of model_ce_error's (cross-entropy, 0-1 error) it minimises
+SELECT_BY = {"min-loss": 0, "min-error": 1}
+
+
 def train(client: StreamClient, config: dict, models: Models):
     metrics: dict[str, Any] = {}
     train_ids = [int(i) for i in config.get(P.TRAIN_IDS, sorted(models))]
-    if config.get(P.SELECT) == "min-loss":     # per-round IFCA: train the lowest-loss model
+    if config.get(P.SELECT) in SELECT_BY:      # per-round IFCA: train the lowest-loss model
         ids = sorted(models)
         x, y = client.fit_data(config, -2)
-        losses = [model_ce_error(client, models[i], x, y, config)[0] for i in ids]
-        best = min(losses)
-        chosen = ids[losses.index(best)]
+        scores = [model_ce_error(client, models[i], x, y, config) for i in ids]
+        by = [s[SELECT_BY[config[P.SELECT]]] for s in scores]
+        chosen = ids[by.index(min(by))]
+        losses = [ce for ce, _ in scores]
         train_ids = [chosen]
         metrics.update({P.CHOSEN: chosen, P.LOSSES: losses, P.MODEL_IDS: ids})
     cfg = client.train_config(config)

@@ -38,3 +38,7 @@ class BaselineParams(HParams):
     afa_lr: float = param(0.1, "Adaptive-FedAvg initial SGD lr (paper: 0.01 on CIRCLE/SEA, "
                           "0.1 on SINE-2)", gt=0)
     afa_beta: float = param(0.5, "Adaptive-FedAvg beta1 = beta2 = beta3", gt=0, lt=1)
+    ifca_choice: str = param("error", "IFCA-W's choice every round: the model of lowest 0-1 "
+                             "error on the newest batch (the authors' code: highest accuracy; "
+                             "D23) | loss: of lowest cross-entropy (the IFCA paper)",
+                             choices=("error", "loss"))

@@ -215,7 +215,7 @@ class TimeStepProtocol(Protocol):
             config = task.config
             if P.DATA_STEPS in config or any(k.startswith(f"{P.DATA_STEPS}.") for k in config):
                 continue
-            if config.get(P.SELECT) == "min-loss":
+            if config.get(P.SELECT) in ("min-loss", "min-error"):   # the client chooses
                 config[P.DATA_STEPS] = self.train_steps(step)
             else:
                 for m in task.models:
