@@ -86,6 +86,7 @@ def run_config(strategy: str, dataset: str, seed: int, args) -> dict:
         "feddrift-baselines.driftsurf-delta": DRIFTSURF_DELTA[base(dataset)],
         "feddrift-baselines.afa-lr": 0.1 if dataset == "sine2" else 0.01,
         "optimizer-state": args.optimizer_state,
+        **args.overrides,
         "progress": False, "plot": False, "checkpoint-every": 0, "protocol": "none",
         "overwrite": True, "out-dir": str(Path(args.runs_dir) / _setting(args) / f"{strategy}-{dataset}-s{seed}"),
     }
@@ -93,9 +94,11 @@ def run_config(strategy: str, dataset: str, seed: int, args) -> dict:
 
 
 def _setting(args) -> str:
-    """The runs directory of one protocol (an Adam state kept per time step has its own)."""
+    """The runs directory of one protocol (an Adam state kept per time step and every set of
+    ``--set`` overrides have their own)."""
     kept = "-adam-per-step" if args.optimizer_state == "step" else ""
-    return f"R{args.rounds}-K{args.local_steps}{kept}"
+    extra = "".join(f"-{k}={v}" for k, v in sorted(args.overrides.items()))
+    return f"R{args.rounds}-K{args.local_steps}{kept}{extra}"
 
 
 def _finished(cfg: dict) -> dict | None:
@@ -141,7 +144,14 @@ def main() -> None:
     ap.add_argument("--optimizer-state", default="round", choices=("round", "step"),
                     help="round: a fresh Adam every round | step: kept through a time step, "
                          "as the authors' clients")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                    help="a run-config key set on every run, repeatable (e.g. --set "
+                         "feddrift-baselines.driftsurf-delta=0.05); such runs have their own "
+                         "runs directory and their raw rows carry the keys")
     ap.add_argument("--jsonl", default="", help="write one JSON line per run (the raw results)")
+    ap.add_argument("--append", action="store_true",
+                    help="with --jsonl: add the rows after those already there (one file, "
+                         "several commands)")
     ap.add_argument("--methods", nargs="+", default=TABLE2, help="paper row names (see PAPER)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "feddrift-repro"))
@@ -155,6 +165,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.merge and not args.jsonl:
         ap.error("--merge needs --jsonl (the rows to merge into)")
+    if args.append and (args.merge or not args.jsonl):
+        ap.error("--append needs --jsonl and goes without --merge")
+    from fedcluster_app.core.config import ConfigError, parse_assignment
+
+    try:
+        args.overrides = dict(parse_assignment(a) for a in args.overrides)
+    except ConfigError as e:
+        ap.error(str(e))
 
     from fedcluster_app.api import STRATEGIES
 
@@ -187,7 +205,7 @@ def main() -> None:
     print(table)
     if args.out:
         Path(args.out).write_text(table)
-    write_rows(args.jsonl, raw_rows(results, args))
+    write_rows(args.jsonl, raw_rows(results, args), append=args.append)
 
 
 #: the summary fields a raw row keeps
@@ -204,8 +222,10 @@ def merged_rows(args, made: set) -> dict[tuple, dict]:
     for r in rows:
         key = (r["method"], r["dataset"], r["seed"])
         same = (r["dataset"] in args.datasets and r["seed"] in args.seeds
-                and (r["data_seed"], r["rounds"], r["local_steps"], r["optimizer_state"])
-                == (args.data_seed, args.rounds, args.local_steps, args.optimizer_state))
+                and (r["data_seed"], r["rounds"], r["local_steps"], r["optimizer_state"],
+                     r.get("set", {}))
+                == (args.data_seed, args.rounds, args.local_steps, args.optimizer_state,
+                    args.overrides))
         if same and key not in made:
             out[key] = r
     return out
@@ -216,6 +236,7 @@ def raw_rows(results: dict, args) -> list[dict]:
     return [{"method": m, "strategy": PAPER[m][0], "dataset": d, "seed": s,
              "data_seed": args.data_seed, "rounds": args.rounds,
              "local_steps": args.local_steps, "optimizer_state": args.optimizer_state,
+             **({"set": args.overrides} if args.overrides else {}),
              **{f: results[(m, d, s)][f] for f in ROW_FIELDS if f in results[(m, d, s)]}}
             for (m, d, s) in sorted(results, key=lambda k: (TABLE_ORDER.get(k[0], 99), k[1], k[2]))]
 
@@ -292,7 +313,8 @@ def render(results: dict, methods: list[str], missing: list[str], args, elapsed:
         f"Reproduction: R = {args.rounds} rounds per step, K = {args.local_steps} local steps, "
         f"seeds {args.seeds} (data seed {args.data_seed}), in-process engine, "
         + ("Adam state kept through each time step (as the authors' clients)."
-           if args.optimizer_state == "step" else "a fresh Adam state every round."),
+           if args.optimizer_state == "step" else "a fresh Adam state every round.")
+        + "".join(f" {k} = {v}." for k, v in args.overrides.items()),
         "", f"Command: `{cmd}`", "",
         "Accuracy (%) omitting drift steps, ours (mean ± std over seeds) / paper (Table 2, Table 4):", "",
         "| Method | " + " | ".join(d for d in args.datasets) + " |",
