@@ -61,6 +61,7 @@ def main() -> None:
                     help="Adam state: fresh every round (default) or kept through a time step")
     ap.add_argument("--methods", nargs="+", default=TABLE2, help="paper row names")
     ap.add_argument("--out", default="", help="append the per-run rows (JSON lines) here")
+    ap.set_defaults(overrides={})          # run_config's --set of feddrift_reproduce.py: none
     args = ap.parse_args()
     from flwr.common.logger import FLOWER_LOGGER
 
