@@ -195,9 +195,9 @@ class DriftSurf(TimeStepStrategy):
       higher (acc_best = its best); a losing reactive model still trains and serves that step
       and is dropped at the next. The state is stable again.
 
-    As the authors' code (``DriftSurfState.run_ds_algo`` in the FedDrift repository), except
-    that a losing reactive model is dropped at the next step (there it kept serving, untrained,
-    while it had been the better at the last comparison).
+    As the authors' code (``DriftSurfState.run_ds_algo`` in the FedDrift repository; their
+    aggregator serves only a model trained at the step, which is why a losing reactive model
+    is dropped at the next step here).
     """
 
     name, description, Params = catalogue.DRIFTSURF.class_attributes()
