@@ -1297,4 +1297,3 @@ def handle_drift(pts: Points, labels: np.ndarray, drifted: np.ndarray,
         if why is None and diam > delta_diam:
             why = "diameter"
     return DriftOutcome(labels, moves, new_centers, emptied, shifts, theta, threshold, why, diam)
-
