@@ -91,4 +91,3 @@ def _replay(raw: np.ndarray, leftover: int, n: int, size: int, out: np.ndarray
 
     words, unused = compiled.replay(raw, np.int64(leftover), np.int64(n), np.int64(size), out)
     return int(words), bool(unused)
-

@@ -43,6 +43,7 @@ from fedcluster_app.families.feddrift.wire import (
     ENS_WEIGHTS,
     ENSEMBLE_KIND,
     MASK,
+    MIN_ERROR,
     MSE,
     PROBE_KIND,
     STEP_WEIGHTS,
@@ -92,13 +93,8 @@ class IFCAW(IFCA):
     protocol_factory = TimeStepProtocol.window(1)
     warm_start = True        # everybody trains model 0 in round 1 (D15)
 
-    def plan_train(self, step: int) -> dict[int, Task]:
-        tasks = super().plan_train(step)
-        if self.params.ifca_choice == "error":      # IFCA's own tasks choose by loss
-            for task in tasks.values():
-                if P.SELECT in task.config:
-                    task.config[P.SELECT] = "min-error"
-        return tasks
+    def select_rule(self) -> str:
+        return MIN_ERROR if self.params.ifca_choice == "error" else super().select_rule()
 
 
 class CFLT(CFL):

@@ -50,6 +50,7 @@ from fedcluster_app.families.feddrift.wire import (
     MSE,
     PROBE_KIND,
     QUOTA,
+    SELECT_BY,
     STEP_WEIGHTS,
     STEPS,
     TRAIN_KIND,
@@ -114,14 +115,10 @@ def _weighted_batches(client: StreamClient, steps: list[int], weights: list[floa
     return x, y, batches
 
 
-#: per-round IFCA's choice: which of model_ce_error's (cross-entropy, 0-1 error) it minimises
-SELECT_BY = {"min-loss": 0, "min-error": 1}
-
-
 def train(client: StreamClient, config: dict, models: Models):
     metrics: dict[str, Any] = {}
     train_ids = [int(i) for i in config.get(P.TRAIN_IDS, sorted(models))]
-    if config.get(P.SELECT) in SELECT_BY:      # per-round IFCA: train the lowest-loss model
+    if config.get(P.SELECT) in SELECT_BY:      # per-round IFCA: train the best model only
         ids = sorted(models)
         x, y = client.fit_data(config, -2)
         scores = [model_ce_error(client, models[i], x, y, config) for i in ids]

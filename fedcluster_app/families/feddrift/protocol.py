@@ -58,7 +58,7 @@ from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.messages import Reply, Task
 from fedcluster_app.core.protocol import Protocol, adjusted_rand, copy_task, score_keys
 from fedcluster_app.core.strategy import ClusteredStrategy
-from fedcluster_app.families.feddrift.wire import ERROR_RATES, PROBE_KIND, TRAIN_KIND
+from fedcluster_app.families.feddrift.wire import ERROR_RATES, PROBE_KIND, SELECT_BY, TRAIN_KIND
 
 
 def _fresh_events() -> dict[str, Any]:
@@ -215,7 +215,7 @@ class TimeStepProtocol(Protocol):
             config = task.config
             if P.DATA_STEPS in config or any(k.startswith(f"{P.DATA_STEPS}.") for k in config):
                 continue
-            if config.get(P.SELECT) in ("min-loss", "min-error"):   # the client chooses
+            if config.get(P.SELECT) in SELECT_BY:       # the client chooses its model
                 config[P.DATA_STEPS] = self.train_steps(step)
             else:
                 for m in task.models:

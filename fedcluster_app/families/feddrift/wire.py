@@ -23,6 +23,10 @@ ENS_VOTE = "fd.vote"                 # "hard": weighted vote of predictions | "s
 MASK = "fd.mask"                     # fd.mask.<id>: 0/1 per input feature (KUE random subspaces)
 BOOTSTRAP = "fd.bootstrap"           # train on a Poisson(1) bootstrap of the data (online bagging)
 CONFUSION = "fd.confusion"           # probe reply: C x C confusion counts per model, flattened
+MIN_ERROR = "min-error"              # select: per-round IFCA trains the lowest 0-1 error model
+#: the ``select`` values under which a client chooses its model, and which of
+#: ``client.model_ce_error``'s (cross-entropy, 0-1 error) the choice minimises
+SELECT_BY = {"min-loss": 0, MIN_ERROR: 1}
 
 P.declare_reply_metrics(**{CLUSTERS: "int-list", ERRORS: "list", COUNTS: "int-list",
                             ERROR_RATES: "unit-list", MSE: "list", CONFUSION: "list"},

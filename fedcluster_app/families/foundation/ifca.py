@@ -52,8 +52,12 @@ class IFCA(ClusteredStrategy):
         selected = self.protocol.select(sorted(self.clients))
         if self.warm_start and self.round == 1:
             return {cid: Task(models=[self.center_ids[0]]) for cid in selected}
-        return {cid: Task(models=list(self.center_ids), config={P.SELECT: "min-loss"})
+        return {cid: Task(models=list(self.center_ids), config={P.SELECT: self.select_rule()})
                 for cid in selected}
+
+    def select_rule(self) -> str:
+        """How a client picks the one model it trains (the ``select`` it is sent)."""
+        return "min-loss"
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:
         for r in replies:
