@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from flwr.app import ArrayRecord
 
 from fedcluster_app.core import wire as P
@@ -167,3 +168,30 @@ def test_wire_arrays_are_the_npy_bytes_flower_writes_and_reads():
     assert ours.__dict__ == theirs.__dict__ and ours == theirs and list(ours) == list(theirs)
     fortran = Array.from_numpy_ndarray(np.asfortranarray(rng.normal(size=(3, 5))))
     np.testing.assert_array_equal(P.to_numpy(fortran), fortran.numpy())
+
+
+def test_records_built_on_sight_are_the_records_flower_builds():
+    """wire.metric_record / config_record / record_dict fill plain Python values in without
+    Flower's per-item checks: the same records; anything else still meets Flower's check."""
+    from flwr.app import ConfigRecord, MetricRecord, RecordDict
+
+    from fedcluster_app.core import wire as P
+
+    metrics = {"a": 1, "b": 2.5, "c": [1, 2], "d": [0.5], "e": []}
+    config = {**metrics, "s": "x", "t": True, "u": b"\x00", "v": ["p", "q"], "w": [False]}
+    for ours, theirs in ((P.metric_record(metrics), MetricRecord(metrics)),
+                         (P.config_record(config), ConfigRecord(config))):
+        assert ours.__dict__ == theirs.__dict__ and list(ours) == list(theirs)
+    records = {"m": MetricRecord(metrics), "c": ConfigRecord(config), "z": P.pack_arrays([np.ones(2)])}
+    ours, theirs = P.record_dict(records), RecordDict(records)
+    assert ours.__dict__ == theirs.__dict__ and list(ours) == list(theirs)
+    # NumPy scalars take Flower's path (and are kept as Flower keeps them)
+    assert P.metric_record({"n": np.float64(0.5)}) == MetricRecord({"n": np.float64(0.5)})
+    for bad in ({"x": True}, {"x": [1, 2.0]}, {"x": "s"}, {"x": {"y": 1}}, {1: 1.0}):
+        with pytest.raises(TypeError):
+            P.metric_record(bad)
+    for bad in ({"x": [1, "a"]}, {"x": None}, {"x": (1, 2)}):
+        with pytest.raises(TypeError):
+            P.config_record(bad)
+    with pytest.raises(TypeError):
+        P.record_dict({"m": {"a": 1}})

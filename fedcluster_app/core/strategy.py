@@ -1007,8 +1007,13 @@ MAX_UPDATE_SCALE = 1e3
 def update_norm(weights: Weights, sent: Weights) -> float:
     """Euclidean norm of ``weights - sent`` over the float arrays (in float64: 1e30 weights do
     not overflow it)."""
-    return math.sqrt(sum(float(np.sum((a.astype(np.float64) - b) ** 2))
-                         for a, b in zip(weights, sent) if a.dtype.kind == "f"))
+    total = 0.0
+    for a, b in zip(weights, sent):
+        if a.dtype.kind == "f":
+            d = np.subtract(a, b, dtype=np.float64)   # (a - b) ** 2 summed as np.sum sums it,
+            d *= d                                    # with fewer temporaries and calls
+            total += float(d.sum())
+    return math.sqrt(total)
 
 
 def weighted_median(values: list[float], weights: list[float]) -> float:

@@ -217,6 +217,57 @@ def _array_record(arrays: list[Array]) -> ArrayRecord:
     return record
 
 
+# Flower's MetricRecord and ConfigRecord check every value as it is set (several records of a
+# dozen keys per message). A value of exactly a Python scalar type Flower takes, or a list of
+# items of one such type, passes those checks on sight; anything else (NumPy scalars, mixed
+# lists, a wrong type) goes through Flower's constructor and gets its check and its error.
+_METRIC_SCALARS = frozenset((int, float))
+_CONFIG_SCALARS = frozenset((int, float, str, bytes, bool))
+
+
+def _passes_on_sight(value: Any, scalars: frozenset) -> bool:
+    kind = type(value)
+    if kind in scalars:
+        return True
+    if kind is not list:
+        return False
+    if not value:
+        return True
+    first = type(value[0])
+    return first in scalars and all(type(v) is first for v in value)
+
+
+def _record(cls: type, values: dict, scalars: frozenset):
+    if not all(type(k) is str and _passes_on_sight(v, scalars) for k, v in values.items()):
+        return cls(values)
+    record = cls()
+    record.__dict__["_data"].update(values)
+    return record
+
+
+def metric_record(values: dict) -> MetricRecord:
+    """``MetricRecord(values)``: the same record (``tests/test_base_features.py``), checked
+    by sight for plain Python values."""
+    return _record(MetricRecord, values, _METRIC_SCALARS)
+
+
+def config_record(values: dict) -> ConfigRecord:
+    """``ConfigRecord(values)``: the same record, checked by sight for plain Python values."""
+    return _record(ConfigRecord, values, _CONFIG_SCALARS)
+
+
+def record_dict(records: dict[str, Any]) -> RecordDict:
+    """``RecordDict(records)`` for records this package built (string keys, Flower records)."""
+    if not all(type(k) is str and type(r) in _RECORD_TYPES for k, r in records.items()):
+        return RecordDict(records)
+    content = RecordDict()
+    content.__dict__["_data"].update(records)
+    return content
+
+
+_RECORD_TYPES = frozenset((ArrayRecord, MetricRecord, ConfigRecord))
+
+
 def pack_arrays(arrays: list[np.ndarray]) -> ArrayRecord:
     """Arrays as a record of .npy bytes (for context.state and anything serialised)."""
     return _array_record([to_array(a) for a in arrays])
@@ -280,9 +331,9 @@ def build_content(
 ) -> RecordDict:
     """An instruction message's content; ``models`` are already packed (once per round, since
     the same cluster model goes to many clients)."""
-    content = RecordDict({f"{MODEL_PREFIX}{mid}": rec for mid, rec in (models or {}).items()})
-    content[CONFIG] = ConfigRecord(config or {})
-    return content
+    records = {f"{MODEL_PREFIX}{mid}": rec for mid, rec in (models or {}).items()}
+    records[CONFIG] = config_record(config or {})
+    return record_dict(records)
 
 
 def reply_content(
@@ -291,13 +342,13 @@ def reply_content(
     model_metrics: dict[int, dict] | None = None,
     extras: dict[str, list[np.ndarray]] | None = None,
 ) -> RecordDict:
-    content = RecordDict(pack_models(models or {}))
+    records: dict[str, Any] = pack_models(models or {})
     for name, arrays in (extras or {}).items():
-        content[f"{EXTRA_PREFIX}{name}"] = pack_message_arrays(arrays)
-    content[METRICS] = MetricRecord(metrics)
+        records[f"{EXTRA_PREFIX}{name}"] = pack_message_arrays(arrays)
+    records[METRICS] = metric_record(metrics)
     for mid, values in (model_metrics or {}).items():
-        content[model_metrics_key(mid)] = MetricRecord(values)
-    return content
+        records[model_metrics_key(mid)] = metric_record(values)
+    return record_dict(records)
 
 
 def nbytes(content: RecordDict) -> int:

@@ -129,6 +129,7 @@ def train(client: StreamClient, config: dict, models: Models):
         metrics.update({P.CHOSEN: chosen, P.LOSSES: losses, P.MODEL_IDS: ids})
     cfg = client.train_config(config)
     jobs, per_model = [], {}
+    data: dict[Any, tuple[np.ndarray, np.ndarray]] = {}   # KUE's members share their steps
     for mid in train_ids:
         rng = client.rng(int(config[P.ROUND]), mid)    # one stream per model: order-free
         steps = config.get(f"{P.DATA_STEPS}.{mid}", config.get(P.DATA_STEPS))
@@ -136,7 +137,10 @@ def train(client: StreamClient, config: dict, models: Models):
         if steps and step_w:
             x, y, batches = _weighted_batches(client, list(steps), list(step_w), cfg, rng)
         else:
-            x, y = client.fit_data(config, mid)
+            key = tuple(steps) if steps else None
+            if key not in data:
+                data[key] = client.fit_data(config, mid)
+            x, y = data[key]      # read only: masking and bootstrapping make copies
             batches = None
         x = masked(x, config, mid)
         if config.get(BOOTSTRAP) and batches is None:
