@@ -33,6 +33,16 @@ _CALLS = 0
 _compiled = None
 
 
+def seeded(*words: int) -> np.random.Generator:
+    """``np.random.default_rng(list(words))``, the same generator in the same state. Words in
+    [0, 2**32) are the 32-bit words SeedSequence makes of them, so they go in as one uint32
+    array, skipping ~9 us of default_rng's argument handling (a KUE round makes 100)."""
+    if all(0 <= w < 2**32 for w in words):
+        seq = np.random.SeedSequence(np.array(words, dtype=np.uint32))
+        return np.random.Generator(np.random.PCG64(seq))
+    return np.random.default_rng(list(words))
+
+
 class Minibatches(list):
     """The minibatches (rows of ``array``, count x size) as a list of index arrays; a trainer
     that takes them all at once reads ``array`` instead of stacking them again."""

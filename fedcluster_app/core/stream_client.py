@@ -28,6 +28,7 @@ from fedcluster_app.core.models import (
     scratch_model,
     set_weights,
 )
+from fedcluster_app.core.sampling import seeded
 from fedcluster_app.core.training import (
     OptimizerState,
     evaluate,
@@ -103,9 +104,7 @@ class StreamClient(NumPyClient):
         return int(self.exp.scenario.concept(self.client_id, step))
 
     def rng(self, server_round: int, model_id: int) -> np.random.Generator:
-        return np.random.default_rng(
-            [self.exp.cfg.seed, self.client_id, server_round, model_id + 2**16]
-        )
+        return seeded(self.exp.cfg.seed, self.client_id, server_round, model_id + 2**16)
 
     def train_config(self, config: dict) -> TrainConfig:
         overrides = {_TRAIN_OVERRIDES[k]: v for k, v in config.items() if k in _TRAIN_OVERRIDES}
