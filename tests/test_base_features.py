@@ -175,8 +175,6 @@ def test_records_built_on_sight_are_the_records_flower_builds():
     Flower's per-item checks: the same records; anything else still meets Flower's check."""
     from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-    from fedcluster_app.core import wire as P
-
     metrics = {"a": 1, "b": 2.5, "c": [1, 2], "d": [0.5], "e": []}
     config = {**metrics, "s": "x", "t": True, "u": b"\x00", "v": ["p", "q"], "w": [False]}
     for ours, theirs in ((P.metric_record(metrics), MetricRecord(metrics)),

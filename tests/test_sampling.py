@@ -108,17 +108,15 @@ def test_batch_indices_draws_the_choice_minibatches():
 def test_seeded_generators_are_default_rngs_of_the_same_words():
     """sampling.seeded(*words) is np.random.default_rng(list(words)): the same state and the
     same draws, for small words (its fast path) and for large or negative ones (the fallback)."""
-    from fedcluster_app.core.sampling import seeded
-
     rng = np.random.default_rng(5)
     cases = [(0, 0, 0, 0), (0, 3, 517, 5 + 2**16), (2**32 - 1, 1, 2, 3), (2**32, 1), (2**40 + 7, 9, 1),
              (7,), (1, 2, 3, 4, 5, 6)]
     cases += [tuple(int(w) for w in rng.integers(0, 2**32, size=rng.integers(1, 6))) for _ in range(50)]
     for words in cases:
-        ours, theirs = seeded(*words), np.random.default_rng(list(words))
+        ours, theirs = sampling.seeded(*words), np.random.default_rng(list(words))
         assert ours.bit_generator.state == theirs.bit_generator.state, words
         np.testing.assert_array_equal(ours.integers(0, 1000, 20), theirs.integers(0, 1000, 20))
     with pytest.raises(ValueError):
-        seeded(-1, 2)
+        sampling.seeded(-1, 2)
     with pytest.raises(ValueError):
         np.random.default_rng([-1, 2])

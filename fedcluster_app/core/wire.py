@@ -207,12 +207,20 @@ def _held(array: Array) -> np.ndarray | None:
     return None if array.data else array.__dict__.get(_HELD)
 
 
+def _filled(cls: type, items) -> Any:
+    """An empty Flower record (or RecordDict) of type ``cls`` with ``items`` put straight into
+    its storage, without the per-item checks of its ``__setitem__``: the caller has checked
+    them (``tests/test_base_features.py`` compares the results with Flower's own)."""
+    record = cls()
+    record.__dict__["_data"].update(items)
+    return record
+
+
 def _array_record(arrays: list[Array]) -> ArrayRecord:
     """``ArrayRecord`` holding ``arrays`` under "0", "1", ...: what setting them one by one
-    builds (``tests/test_base_features.py`` compares them), without re-checking the keys and
-    the arrays this package made itself (a check per array, hundreds per round)."""
-    record = ArrayRecord()
-    record.__dict__["_data"].update((str(i), a) for i, a in enumerate(arrays))
+    builds, without re-checking the keys and the arrays this package made itself (a check per
+    array, hundreds per round)."""
+    record = _filled(ArrayRecord, ((str(i), a) for i, a in enumerate(arrays)))
     record.__dict__["_is_dirty"] = True
     return record
 
@@ -240,9 +248,7 @@ def _passes_on_sight(value: Any, scalars: frozenset) -> bool:
 def _record(cls: type, values: dict, scalars: frozenset):
     if not all(type(k) is str and _passes_on_sight(v, scalars) for k, v in values.items()):
         return cls(values)
-    record = cls()
-    record.__dict__["_data"].update(values)
-    return record
+    return _filled(cls, values)
 
 
 def metric_record(values: dict) -> MetricRecord:
@@ -256,16 +262,14 @@ def config_record(values: dict) -> ConfigRecord:
     return _record(ConfigRecord, values, _CONFIG_SCALARS)
 
 
+_RECORD_TYPES = frozenset((ArrayRecord, MetricRecord, ConfigRecord))
+
+
 def record_dict(records: dict[str, Any]) -> RecordDict:
     """``RecordDict(records)`` for records this package built (string keys, Flower records)."""
     if not all(type(k) is str and type(r) in _RECORD_TYPES for k, r in records.items()):
         return RecordDict(records)
-    content = RecordDict()
-    content.__dict__["_data"].update(records)
-    return content
-
-
-_RECORD_TYPES = frozenset((ArrayRecord, MetricRecord, ConfigRecord))
+    return _filled(RecordDict, records)
 
 
 def pack_arrays(arrays: list[np.ndarray]) -> ArrayRecord:
