@@ -105,9 +105,19 @@ def test_batch_indices_draws_the_choice_minibatches():
     assert all(sorted(b) == list(range(20)) for b in batch_indices(20, cfg, rng))
 
 
-def test_seeded_generators_are_default_rngs_of_the_same_words():
+@pytest.mark.parametrize("hashed", [False, True], ids=["numpy-seedsequence", "compiled-hash"])
+def test_seeded_generators_are_default_rngs_of_the_same_words(hashed, monkeypatch):
     """sampling.seeded(*words) is np.random.default_rng(list(words)): the same state and the
-    same draws, for small words (its fast path) and for large or negative ones (the fallback)."""
+    same draws, for small words (its fast paths: NumPy's SeedSequence on a uint32 array, and
+    once the compiled draws are loaded SeedSequence's hashing compiled) and for large or
+    negative ones (the fallback)."""
+    if hashed:
+        from fedcluster_app.core import compiled
+
+        monkeypatch.setattr(sampling, "_compiled", compiled)
+    else:
+        monkeypatch.setattr(sampling, "_compiled", None)
+    assert (type(sampling.seeded(1, 2).bit_generator.seed_seq) is sampling._HashedSeed) is hashed
     rng = np.random.default_rng(5)
     cases = [(0, 0, 0, 0), (0, 3, 517, 5 + 2**16), (2**32 - 1, 1, 2, 3), (2**32, 1), (2**40 + 7, 9, 1),
              (7,), (1, 2, 3, 4, 5, 6)]

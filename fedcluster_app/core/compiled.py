@@ -2,6 +2,8 @@
 package (and ``fedcluster list``) does not load Numba. Compiled once per machine and cached on
 disk beside this file.
 
+* ``seed_state``: the generator state NumPy's ``SeedSequence`` makes of a few 32-bit words
+  (``core/sampling.py``, ``seeded``);
 * ``replay``: NumPy's ``Generator.choice(n, size, replace=False)`` (bounded draws, Floyd's
   algorithm, the Fisher-Yates shuffle) on a generator's raw 64-bit outputs (``core/sampling.py``);
 * ``train_mlp``: the local training of stacked one-hidden-layer MLPs (``core/kernels.py``);
@@ -90,6 +92,38 @@ def replay(raw, leftover, n, size, out):
             row[i] = tmp
     return cursor[0], cursor[1] >= 0
 
+
+_U32_MASK = u64(_U32)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _hashmix(value, hash_const):
+    """SeedSequence's hashmix: the mixed value and the next hash constant (uint32 arithmetic)."""
+    value = value ^ hash_const[0]
+    hash_const[0] = (hash_const[0] * hash_const[1]) & _U32_MASK
+    value = (value * hash_const[0]) & _U32_MASK
+    return value ^ (value >> u64(16))
+
+
+@numba.njit(cache=True, nogil=True)
+def seed_state(words, out):
+    """``SeedSequence(words).generate_state(4, np.uint64)`` into ``out`` for at most 4 words
+    below 2**32 (pool of 4, no spawn key): NumPy's mixing of the entropy into the pool, then
+    the pool hashed into 8 32-bit words, paired little end first."""
+    mix_l, mix_r = u64(0xca01f9dd), u64(0x4973f715)
+    hash_const = np.array([u64(0x43b0d7e5), u64(0x931e8875)])
+    pool = np.zeros(4, dtype=np.uint64)
+    for i in range(4):
+        pool[i] = _hashmix(u64(words[i]) if i < words.shape[0] else u64(0), hash_const)
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                r = (mix_l * pool[dst] - mix_r * _hashmix(pool[src], hash_const)) & _U32_MASK
+                pool[dst] = r ^ (r >> u64(16))
+    hash_const[0], hash_const[1] = u64(0x8b51f9dd), u64(0x58f38ded)
+    for i in range(4):
+        low = _hashmix(pool[(2 * i) % 4], hash_const)
+        out[i] = low | (_hashmix(pool[(2 * i + 1) % 4], hash_const) << u64(32))
 
 
 # ------------------------------------------------------------------ one-hidden-layer MLP training

@@ -87,11 +87,13 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     shapes = [np.shape(w) for w in jobs[0][0]]
     (h, d), C = shapes[0], shapes[2][0]
     offsets = np.cumsum([0] + [int(np.prod(s)) for s in shapes])
-    flat = np.stack([np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in weights])
-                     for weights, *_ in jobs])                             # (M, P)
+    # every job's arrays one after the other are the (M, P) rows; one cast for all of them
+    flat = np.concatenate([np.ravel(w) for weights, *_ in jobs for w in weights],
+                          dtype=np.float64, casting="unsafe").reshape(M, -1)
     sizes = np.array(batch_sizes(jobs[0][3]), dtype=np.int64)   # the same for every job
-    X = np.concatenate([np.asarray(x, dtype=np.float64).reshape(len(x), -1) for _, x, *_ in jobs])
-    Y = np.concatenate([np.asarray(y, dtype=np.int64) for _, _, y, *_ in jobs])
+    X = np.concatenate([np.reshape(x, (len(x), -1)) for _, x, *_ in jobs],
+                       dtype=np.float64, casting="unsafe")
+    Y = np.concatenate([y for _, _, y, *_ in jobs], dtype=np.int64, casting="unsafe")
     start = np.cumsum([0] + [len(y) for _, _, y, *_ in jobs[:-1]]).astype(np.int64)
     rows = _minibatch_rows(jobs, sizes)
     adam = cfg.optimizer == "adam"
@@ -113,8 +115,7 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
         if state is not None:
             _store_state(state, adam, cfg.momentum, shapes, offsets, t0[k] + t, m[k], v[k], vmax[k])
     views = [flat[:, a:b].reshape((M, *s)) for a, b, s in zip(offsets[:-1], offsets[1:], shapes)]
-    return [([np.asarray(w[k], dtype=np.float32).copy() for w in views], float(losses[k]))
-            for k in range(M)]
+    return [([w[k].astype(np.float32) for w in views], float(losses[k])) for k in range(M)]
 
 
 def _minibatch_rows(jobs: list[TrainJob], sizes: np.ndarray) -> np.ndarray:
