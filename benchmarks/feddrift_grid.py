@@ -6,8 +6,10 @@ rounds per step, K = 50 local steps; configs of ``feddrift_reproduce.py``), twic
 after the other), alternating which goes first. Prints per method the CPU and wall time of
 both, their ratio and whether the accuracies agree, then projects the grid of 220 runs
 (4 datasets x 11 methods x 5 seeds) on 2 cores from the summed CPU time: one process per core,
-so grid hours = 4 x 5 x sum(CPU per method) / 2. The per-run results (JSON lines) go to
-``--out``. Targets: the grid in at most 15 minutes; batched at least 5x unbatched per run.
+so grid hours = 4 x 5 x sum(CPU per method) / 2. Each row also holds the CPU time spent inside
+the compiled trainer (``trainer_cpu_s``): the arithmetic both ways pay, the floor of a run.
+The per-run results (JSON lines) go to ``--out``. Targets: the grid in at most 15 minutes;
+batched at least 5x unbatched per run.
 
     python benchmarks/feddrift_grid.py [--dataset circle2] [--rounds 100] [--local-steps 50]
         [--seed 0] [--methods ...] [--out docs/performance_feddrift_grid.jsonl]
@@ -34,20 +36,46 @@ GRID_RUNS_PER_METHOD = 4 * 5        # datasets x seeds
 CORES = 2
 
 
-def measure(strategy: str, dataset: str, batch: bool, args) -> dict:
+class TrainerClock:
+    """Time spent inside the compiled MLP trainer (its training loop and its loss), the
+    arithmetic every way of running a round pays: what is left of a run without it is the
+    cost of the rounds around the training."""
+
+    NAMES = ("train_mlp", "mean_losses")
+
+    def __init__(self) -> None:
+        from fedcluster_app.core import compiled
+
+        self.seconds = 0.0
+        for name in self.NAMES:
+            setattr(compiled, name, self._timed(getattr(compiled, name)))
+
+    def _timed(self, fn):
+        def timed(*args):
+            start = time.process_time()
+            try:
+                return fn(*args)
+            finally:
+                self.seconds += time.process_time() - start
+        return timed
+
+
+def measure(strategy: str, dataset: str, batch: bool, args, clock: TrainerClock) -> dict:
     from fedcluster_app.engine import run_inprocess
 
     with tempfile.TemporaryDirectory() as tmp:
         args.runs_dir = tmp
         cfg = {**run_config(strategy, dataset, args.seed, args), "batch-clients": batch}
         load = os.getloadavg()[0]
+        clock.seconds = 0.0
         wall, cpu = time.perf_counter(), time.process_time()
         summary = run_inprocess(cfg)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"strategy": strategy, "dataset": dataset, "seed": args.seed, "rounds": args.rounds,
             "local_steps": args.local_steps, "batched": batch, "status": summary["status"],
             "acc_omit": summary.get("acc_omit"), "acc_include": summary.get("acc_include"),
-            "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load_start": round(load, 2)}
+            "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+            "trainer_cpu_s": round(clock.seconds, 2), "load_start": round(load, 2)}
 
 
 def main() -> None:
@@ -67,14 +95,15 @@ def main() -> None:
 
     FLOWER_LOGGER.setLevel(logging.ERROR)
     os.environ.setdefault("FEDCLUSTER_TORCH_THREADS", "1")
+    clock = TrainerClock()
     warm = argparse.Namespace(**{**vars(args), "rounds": 1})
-    measure("feddrift", args.dataset, True, warm)     # imports and data caches, not timed
+    measure("feddrift", args.dataset, True, warm, clock)   # imports and data caches, not timed
     rows = []
     for i, method in enumerate(args.methods):
         strategy = PAPER[method][0]
         pair = {}
         for batch in ((True, False) if i % 2 == 0 else (False, True)):
-            pair[batch] = measure(strategy, args.dataset, batch, args)
+            pair[batch] = measure(strategy, args.dataset, batch, args, clock)
             rows.append(pair[batch])
             if args.out:
                 with open(args.out, "a") as fh:
@@ -83,14 +112,16 @@ def main() -> None:
         same = b["acc_omit"] == u["acc_omit"]
         print(f"{method:16s} batched {b['cpu_s']:7.1f} s CPU ({b['wall_s']:6.1f} wall)  "
               f"one by one {u['cpu_s']:7.1f} s CPU ({u['wall_s']:6.1f} wall)  "
-              f"{u['cpu_s'] / b['cpu_s']:5.2f}x  acc {b['acc_omit']:.4f} vs {u['acc_omit']:.4f}"
+              f"{u['cpu_s'] / b['cpu_s']:5.2f}x  trainer {b['trainer_cpu_s']:5.1f} s  acc {b['acc_omit']:.4f} vs {u['acc_omit']:.4f}"
               f"{'' if same else ' (differ)'}  load {b['load_start']:.1f}", flush=True)
     for batch, name in ((True, "batched"), (False, "one by one")):
         cpu = sum(r["cpu_s"] for r in rows if r["batched"] is batch)
         grid_min = GRID_RUNS_PER_METHOD * cpu / CORES / 60
+        trainer = sum(r["trainer_cpu_s"] for r in rows if r["batched"] is batch)
         print(f"{name:10s}: {cpu:7.1f} s CPU for the {len(args.methods)} methods; the grid of "
               f"{GRID_RUNS_PER_METHOD * len(args.methods)} runs on {CORES} cores: "
-              f"{grid_min:6.1f} min (target <= 15)")
+              f"{grid_min:6.1f} min (target <= 15); of it in the compiled trainer {trainer:6.1f} s "
+              f"({GRID_RUNS_PER_METHOD * trainer / CORES / 60:.1f} min of the grid)")
     ratio = (sum(r["cpu_s"] for r in rows if not r["batched"])
              / sum(r["cpu_s"] for r in rows if r["batched"]))
     print(f"batched vs one by one over the methods: {ratio:.2f}x (target >= 5x); load average "
