@@ -112,7 +112,8 @@ def main() -> None:
         same = b["acc_omit"] == u["acc_omit"]
         print(f"{method:16s} batched {b['cpu_s']:7.1f} s CPU ({b['wall_s']:6.1f} wall)  "
               f"one by one {u['cpu_s']:7.1f} s CPU ({u['wall_s']:6.1f} wall)  "
-              f"{u['cpu_s'] / b['cpu_s']:5.2f}x  trainer {b['trainer_cpu_s']:5.1f} s  acc {b['acc_omit']:.4f} vs {u['acc_omit']:.4f}"
+              f"{u['cpu_s'] / b['cpu_s']:5.2f}x  trainer {b['trainer_cpu_s']:5.1f} s  "
+              f"acc {b['acc_omit']:.4f} vs {u['acc_omit']:.4f}"
               f"{'' if same else ' (differ)'}  load {b['load_start']:.1f}", flush=True)
     for batch, name in ((True, "batched"), (False, "one by one")):
         cpu = sum(r["cpu_s"] for r in rows if r["batched"] is batch)
