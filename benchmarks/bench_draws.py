@@ -1,5 +1,7 @@
 """What one model's minibatches of one round cost: NumPy's ``choice`` call per step against the
-bulk draw (``core/sampling.choice_batches``), and the compiled MLP trainer per step.
+bulk draw (``core/sampling.choice_batches``); a KUE member's whole draw (a fresh generator, a
+bootstrap sample, the minibatches) through NumPy's calls against one compiled call
+(``core/training.round_draws``); and the compiled MLP trainer per step.
 
 FedDrift's protocol: 50 local steps, minibatches of 50 out of a client's 500 samples, a 2-4-2
 MLP trained with Adam. Both draws give the same indices (checked here too); the ratio, measured
@@ -23,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedcluster_app.core.config import TrainConfig  # noqa: E402
 from fedcluster_app.core.kernels import numpy_train_many  # noqa: E402
-from fedcluster_app.core.sampling import choice_batches  # noqa: E402
-from fedcluster_app.core.training import batch_indices  # noqa: E402
+from fedcluster_app.core.sampling import bootstrap_rows, choice_batches, seeded  # noqa: E402
+from fedcluster_app.core.training import batch_indices, round_draws  # noqa: E402
 
 N, SIZE, STEPS = 500, 50, 50
 
@@ -50,6 +52,21 @@ def main() -> None:
     print(f"{STEPS} minibatches of {SIZE} out of {N}: choice per step {loop * 1e6:.0f} us, "
           f"bulk {bulk * 1e6:.0f} us, {loop / bulk:.1f}x; same indices: {same}")
     cfg = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=STEPS, batch_size=SIZE)
+    words = (0, 3, 517, 5 + 2**16)      # seed, client, round, model: a client's stream
+
+    def member_numpy():
+        rng = seeded(*words)
+        rows = bootstrap_rows(rng, N)
+        return rows, choice_batches(rng, len(rows), min(SIZE, len(rows)), STEPS)
+
+    (rows_a, batches_a), (rows_b, batches_b) = member_numpy(), round_draws(words, N, cfg, True)
+    member_same = np.array_equal(rows_a, rows_b) and all(
+        np.array_equal(x, y) for x, y in zip(batches_a, batches_b))
+    member_loop = per_call(member_numpy, args.repeats)
+    member_one = per_call(lambda: round_draws(words, N, cfg, True), args.repeats)
+    print(f"a KUE member's draw (generator, bootstrap of {N}, {STEPS} minibatches): NumPy's "
+          f"calls {member_loop * 1e6:.0f} us, one compiled call {member_one * 1e6:.0f} us, "
+          f"{member_loop / member_one:.1f}x; same rows and minibatches: {member_same}")
     data = np.random.default_rng(2)
     jobs = []
     for _ in range(10):
@@ -64,6 +81,10 @@ def main() -> None:
     write_rows(args.jsonl, [{"what": "draws", "choice_loop_us": round(loop * 1e6, 1),
                              "bulk_us": round(bulk * 1e6, 1), "ratio": round(loop / bulk, 2),
                              "same_indices": same, **machine(load)},
+                            {"what": "member_draw", "numpy_calls_us": round(member_loop * 1e6, 1),
+                             "compiled_us": round(member_one * 1e6, 1),
+                             "ratio": round(member_loop / member_one, 2),
+                             "same_rows_and_minibatches": member_same, **machine(load)},
                             {"what": "mlp_trainer", "ten_models_ms": round(ten * 1e3, 3),
                              "one_model_ms": round(one * 1e3, 3), **machine(load)}])
 

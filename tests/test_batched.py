@@ -14,6 +14,7 @@ from torch import nn
 from fedcluster_app.core import handlers
 from fedcluster_app.core.batched import FitJob, run_jobs, run_jobs_batched
 from fedcluster_app.core.config import TrainConfig
+from fedcluster_app.core.training import batch_indices
 from fedcluster_app.core.models import ModelSpec, initial_weights
 from fedcluster_app.core.strategy import read_checkpoint
 from fedcluster_app.engine import run_inprocess
@@ -78,7 +79,8 @@ def _jobs(cfg: TrainConfig, sizes: list[int], spec: ModelSpec = SPEC, **kw) -> l
         x = rng.normal(size=(n, *spec.input_shape)).astype(np.float32)
         y = rng.integers(0, spec.num_classes, n)
         extra = {"sample_weights": rng.random(n)} if kw.get("weighted") else {}
-        jobs.append(FitJob.drawing(spec, initial_weights(spec, k), x, y, cfg, rng, **extra))
+        jobs.append(FitJob(spec, initial_weights(spec, k), x, y, batch_indices(n, cfg, rng), cfg,
+                           **extra))
     return jobs
 
 

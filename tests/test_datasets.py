@@ -198,6 +198,33 @@ def test_cached_object_and_determinism():
     assert s.step_data(0, 1) is s.step_data(0, 1)  # LRU cache
 
 
+def test_concatenated_steps_are_cached_read_only_and_bounded(monkeypatch):
+    s = fresh(build_scenario("circle2", seed=5))
+    x, y = s.train_steps(2, [3, 1, 4])
+    parts = [s.step_data(2, t) for t in (3, 1, 4)]
+    np.testing.assert_array_equal(x, np.concatenate([p.x_train for p in parts]))
+    np.testing.assert_array_equal(y, np.concatenate([p.y_train for p in parts]))
+    assert s.train_steps(2, (3, 1, 4))[0] is x                  # cached, whatever the sequence
+    assert not x.flags.writeable and not y.flags.writeable     # callers copy before changing
+    assert s.train_steps(2, [5])[0] is s.step_data(2, 5).x_train
+    np.testing.assert_array_equal(s.window(2, 4, 3)[0], s.train_steps(2, [2, 3, 4])[0])
+    with pytest.raises(ValueError, match="no time steps"):
+        s.train_steps(2, [])
+    with pytest.raises(ValueError, match="out of range"):
+        s.train_steps(2, [1, 99])
+    # bounded: by entries and by bytes (the oldest go first)
+    monkeypatch.setattr(s, "STEP_CACHE_SIZE", 3)
+    for c in range(s.num_clients):
+        for t in (1, 2, 3):
+            s.train_steps(c, [t, t + 1])
+    assert len(s._steps_cache) == 2 * s.num_clients
+    assert (9, (3, 4)) in s._steps_cache and (2, (3, 1, 4)) not in s._steps_cache
+    monkeypatch.setattr(s, "STEPS_CACHE_BYTES", 3 * x.nbytes)
+    s.train_steps(1, [1, 2, 3, 4, 5, 6])
+    assert s._steps_bytes <= 3 * x.nbytes or len(s._steps_cache) == 1
+    assert s._steps_bytes == sum(a.nbytes + b.nbytes for a, b in s._steps_cache.values())
+
+
 @pytest.mark.parametrize("name", ["circle2", "mixture-swap", "digits-swap"])
 def test_different_seed_client_step_give_different_data(name):
     s = build_scenario(name, seed=0)

@@ -130,3 +130,82 @@ def test_seeded_generators_are_default_rngs_of_the_same_words(hashed, monkeypatc
         sampling.seeded(-1, 2)
     with pytest.raises(ValueError):
         np.random.default_rng([-1, 2])
+
+
+def _numpy_round_draws(words, n, cfg, bootstrap):
+    """What a client's stream draws for one model's round, through NumPy's own calls."""
+    rng = np.random.default_rng(list(words))
+    rows = None
+    if bootstrap:
+        rows = np.repeat(np.arange(n), rng.poisson(1.0, size=n))
+        rows = rows if len(rows) else np.arange(n)
+    return rows, [rng.choice(n if rows is None else len(rows), size=min(cfg.batch_size,
+                             n if rows is None else len(rows)), replace=False)
+                  for _ in range(cfg.local_steps)]
+
+
+@pytest.mark.parametrize("compiled_loaded", [False, True], ids=["numpy", "compiled"])
+def test_round_draws_equal_a_fresh_generators_numpy_calls(compiled_loaded, monkeypatch):
+    """training.round_draws (a fresh generator, a bootstrap sample, the minibatches) gives
+    NumPy's rows and minibatches exactly: through NumPy before the compiled draws are loaded,
+    and in one compiled call (its own PCG64, Poisson counts and replayed choice) after."""
+    from fedcluster_app.core import compiled
+    from fedcluster_app.core.training import round_draws
+
+    monkeypatch.setattr(sampling, "_compiled", compiled if compiled_loaded else None)
+    pick = np.random.default_rng(7)
+    cases = [((0, 3, 517, 5 + 2**16), 500, 50, 50, True), ((1, 2), 1, 50, 3, True),
+             ((2**32 - 1, 0), 2, 2, 4, False), ((9,), 40, 50, 5, True),   # a batch above m
+             ((4, 4, 4, 4), 20000, 1000, 2, False)]                      # NumPy's tail shuffle
+    for _ in range(150):
+        words = tuple(int(w) for w in pick.integers(0, 2**32, size=pick.integers(1, 5)))
+        cases.append((words, int(pick.integers(1, 3000)), int(pick.integers(1, 130)),
+                      int(pick.integers(1, 60)), bool(pick.integers(0, 2))))
+    for words, n, batch, steps, bootstrap in cases:
+        cfg = TrainConfig(local_steps=steps, batch_size=batch)
+        rows, batches = round_draws(words, n, cfg, bootstrap)
+        want_rows, want = _numpy_round_draws(words, n, cfg, bootstrap)
+        assert (rows is None) == (want_rows is None)
+        if rows is not None:
+            assert rows.dtype == want_rows.dtype and np.array_equal(rows, want_rows), words
+        assert len(batches) == len(want)
+        for got, exp in zip(batches, want):
+            assert got.dtype == exp.dtype and np.array_equal(got, exp), (words, n, batch, steps)
+        # and the generator itself, raw output by raw output
+        if compiled_loaded and len(words) <= 4:
+            state = np.random.SeedSequence(list(words)).generate_state(4, np.uint64)
+            g = np.empty(4, dtype=np.uint64)
+            compiled.pcg64(state, g)
+            bits = np.random.default_rng(list(words)).bit_generator
+            assert (int(g[0]) << 64 | int(g[1])) == bits.state["state"]["state"]
+            assert (int(g[2]) << 64 | int(g[3])) == bits.state["state"]["inc"]
+
+
+def test_round_draws_in_epochs_and_without_data_go_through_numpy():
+    """Whole epochs (local-steps = 0) and an empty client draw as before."""
+    from fedcluster_app.core.training import round_draws
+
+    cfg = TrainConfig(local_steps=0, local_epochs=2, batch_size=8)
+    rows, batches = round_draws((1, 2, 3), 30, cfg, bootstrap=True)
+    rng = np.random.default_rng([1, 2, 3])
+    want = np.repeat(np.arange(30), rng.poisson(1.0, size=30))
+    assert np.array_equal(rows, want)
+    assert all(np.array_equal(b, w) for b, w in zip(batches, batch_indices(len(want), cfg, rng)))
+    assert len(round_draws((1,), 0, TrainConfig(local_steps=5), False)[1]) == 5
+
+
+def test_round_draws_redraw_after_lemire_rejections(monkeypatch):
+    """Over 2**26 rows about 1 bounded draw in 130 is rejected and redrawn, so the compiled
+    call needs more words than it first made: it makes them and still equals NumPy."""
+    from fedcluster_app.core import compiled
+    from fedcluster_app.core.training import round_draws
+
+    monkeypatch.setattr(sampling, "_compiled", compiled)
+    n, cfg = 2**26, TrainConfig(local_steps=200, batch_size=2)
+    rows, batches = round_draws((3, 1), n, cfg)
+    rng = np.random.default_rng([3, 1])
+    want = [rng.choice(n, size=2, replace=False) for _ in range(200)]
+    assert rows is None and all(np.array_equal(b, w) for b, w in zip(batches, want))
+    plain = np.random.default_rng([3, 1])
+    plain.bit_generator.random_raw(300)     # 3 words per draw of 2, without rejections
+    assert plain.bit_generator.state != rng.bit_generator.state   # rejections drew more words

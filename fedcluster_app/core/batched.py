@@ -46,7 +46,6 @@ from fedcluster_app.core.sampling import batch_sizes
 from fedcluster_app.core.training import (
     OptimizerState,
     as_tensor,
-    batch_indices,
     local_train,
     make_optimizer,
 )
@@ -69,14 +68,6 @@ class FitJob:
     # optimizer-state = "step": the optimizer state to continue from ({} = fresh), replaced by
     # the state after training (the client keeps it: core/handlers.py); None = not kept
     optimizer_state: OptimizerState | None = None
-
-    @classmethod
-    def drawing(cls, spec: ModelSpec, weights, x, y, cfg: TrainConfig, rng: np.random.Generator,
-                **kw) -> FitJob:
-        """A job whose minibatches are drawn now from ``rng``, as ``local_train`` draws them."""
-        if len(y) == 0:
-            raise ValueError("no training data")
-        return cls(spec, weights, x, y, batch_indices(len(y), cfg, rng), cfg, **kw)
 
 
 class FitResult(NamedTuple):

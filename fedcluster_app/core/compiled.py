@@ -4,6 +4,9 @@ disk beside this file.
 
 * ``seed_state``: the generator state NumPy's ``SeedSequence`` makes of a few 32-bit words
   (``core/sampling.py``, ``seeded``);
+* ``pcg64``, ``next_raw``, ``fresh_draws``: NumPy's PCG64 generator, and what a fresh one
+  draws for a round's training (a bootstrap's Poisson counts, the minibatches;
+  ``core/sampling.py``, ``stream_draws``);
 * ``replay``: NumPy's ``Generator.choice(n, size, replace=False)`` (bounded draws, Floyd's
   algorithm, the Fisher-Yates shuffle) on a generator's raw 64-bit outputs (``core/sampling.py``);
 * ``train_mlp``: the local training of stacked one-hidden-layer MLPs (``core/kernels.py``);
@@ -124,6 +127,116 @@ def seed_state(words, out):
     for i in range(4):
         low = _hashmix(pool[(2 * i) % 4], hash_const)
         out[i] = low | (_hashmix(pool[(2 * i + 1) % 4], hash_const) << u64(32))
+
+
+# ------------------------------------------------------------------ a fresh generator's draws
+# NumPy's PCG64: a 128-bit LCG (state, odd increment), each output the XSL-RR of the new state.
+# The generator is 4 uint64 words: state high, state low, increment high, increment low.
+_MULT_HI, _MULT_LO = u64(2549297995355413924), u64(4865540595714422341)
+
+
+@intrinsic
+def _mulhi(typingctx, a, b):
+    """The high 64 bits of the 128-bit product a * b (one machine multiply)."""
+    def codegen(context, builder, signature, args):
+        wide = ir.IntType(128)
+        product = builder.mul(builder.zext(args[0], wide), builder.zext(args[1], wide))
+        return builder.trunc(builder.lshr(product, ir.Constant(wide, 64)), ir.IntType(64))
+    return types.uint64(types.uint64, types.uint64), codegen
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _step(g):
+    """state = state * multiplier + increment (mod 2**128)."""
+    hi, lo = g[0], g[1]
+    new_lo = lo * _MULT_LO
+    new_hi = _mulhi(lo, _MULT_LO) + hi * _MULT_LO + lo * _MULT_HI
+    g[1] = new_lo + g[3]
+    g[0] = new_hi + g[2] + (u64(1) if g[1] < new_lo else u64(0))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def next_raw(g):
+    """``random_raw()``: step, then the XSL-RR output of the new state."""
+    _step(g)
+    x = g[0] ^ g[1]
+    rot = g[0] >> u64(58)
+    return (x >> rot) | (x << ((u64(64) - rot) & u64(63)))
+
+
+@numba.njit(cache=True, nogil=True)
+def pcg64(state, g):
+    """The generator ``PCG64`` seeds from ``state`` (``SeedSequence.generate_state(4,
+    np.uint64)``: initial state high/low, then the sequence high/low), into ``g``."""
+    g[0], g[1] = u64(0), u64(0)
+    g[2] = (state[2] << u64(1)) | (state[3] >> u64(63))
+    g[3] = (state[3] << u64(1)) | u64(1)
+    _step(g)
+    low = g[1] + state[1]
+    g[0] = g[0] + state[0] + (u64(1) if low < g[1] else u64(0))
+    g[1] = low
+    _step(g)
+
+
+@numba.njit(cache=True, nogil=True)
+def fresh_draws(words, n, bootstrap, batch, count):
+    """What the generator ``default_rng(words)`` draws (at most 4 words below 2**32:
+    ``seed_state``, then ``pcg64``), as NumPy computes it: with ``bootstrap``, ``counts =
+    poisson(1.0, n)`` (NumPy's multiplication method for a mean below 10: uniforms
+    (raw >> 11) / 2**53 multiplied until the product is at most exp(-1)) and the rows
+    ``repeat(arange(n), counts)`` (all n when that is empty), else all n rows; then ``count``
+    draws of ``choice(m, min(batch, m), replace=False)`` over those m rows (``replay``).
+    Returns (the bootstrap's rows, the (count, size) minibatches); (rows, empty) when the
+    minibatches take a path ``replay`` does not follow (the caller then draws them itself)."""
+    state = np.empty(4, dtype=np.uint64)
+    seed_state(words, state)
+    g = np.empty(4, dtype=np.uint64)
+    pcg64(state, g)
+    if bootstrap:
+        counts = np.empty(n, dtype=np.int64)
+        limit = np.exp(-1.0)
+        m = 0
+        for i in range(n):
+            x = 0
+            prod = 1.0
+            while True:
+                prod = prod * (float(next_raw(g) >> u64(11)) * (1.0 / 9007199254740992.0))
+                if prod > limit:
+                    x += 1
+                else:
+                    break
+            counts[i] = x
+            m += x
+        if m == 0:
+            rows = np.arange(n)
+            m = n
+        else:
+            rows = np.empty(m, dtype=np.int64)
+            at = 0
+            for i in range(n):
+                for _ in range(counts[i]):
+                    rows[at] = i
+                    at += 1
+    else:
+        rows = np.empty(0, dtype=np.int64)      # all n rows: nothing to return
+        m = n
+    size = min(batch, m)
+    if count <= 0 or size <= 0 or (m > 10000 and size > m // 50):
+        return rows, np.empty((0, max(size, 0)), dtype=np.int64)
+    out = np.empty((count, size), dtype=np.int64)
+    needed = count * (size - (1 if size == m else 0) + size - 1)   # words, bar rejections
+    raw = np.empty(max(1, (needed + 1) // 2), dtype=np.uint64)
+    for i in range(raw.shape[0]):
+        raw[i] = next_raw(g)
+    while True:
+        used, _ = replay(raw, np.int64(-1), np.int64(m), np.int64(size), out)
+        if used >= 0:
+            return rows, out
+        more = np.empty(raw.shape[0] + max(8, raw.shape[0] // 8), dtype=np.uint64)  # rejections
+        more[:raw.shape[0]] = raw
+        for i in range(raw.shape[0], more.shape[0]):
+            more[i] = next_raw(g)
+        raw = more
 
 
 # ------------------------------------------------------------------ one-hidden-layer MLP training

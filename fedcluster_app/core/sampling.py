@@ -127,6 +127,32 @@ def choice_batches(rng: np.random.Generator, n: int, size: int, count: int) -> l
     return Minibatches(out)
 
 
+def bootstrap_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    """A bootstrap sample of n rows: row i taken ``Poisson(1)`` times (online bagging); all n
+    rows when no row is taken."""
+    rows = np.repeat(np.arange(n), rng.poisson(1.0, size=n))
+    return rows if len(rows) else np.arange(n)
+
+
+def fresh_draws(words: Sequence[int], n: int, size: int, count: int, bootstrap: bool
+                ) -> tuple[np.ndarray | None, Minibatches] | None:
+    """What a fresh generator ``rng = seeded(*words)`` draws: with ``bootstrap``, the rows
+    ``bootstrap_rows(rng, n)`` (else None and all n rows), then ``choice_batches(rng, m,
+    min(size, m), count)`` over those m rows; computed in one compiled call, generator
+    included (a KUE round makes 100 such draws: seeding, Poisson counts and minibatches cost
+    ~100 us each through NumPy's calls, ~45 us so). None where that call does not apply (the
+    compiled draws not loaded yet, other words, no draw, NumPy's tail-shuffle path): the
+    caller then draws through ``seeded``, with the same result."""
+    if (_compiled is None or count <= 0 or size <= 0 or not 0 < n < 2**31 or len(words) > 4
+            or not all(0 <= w < 2**32 for w in words)):
+        return None
+    rows, out = _compiled.fresh_draws(np.array(words, dtype=np.uint64), n, bootstrap, size,
+                                      count)
+    if out.shape[0] != count:
+        return None
+    return (rows if bootstrap else None), Minibatches(out)
+
+
 def _replay(raw: np.ndarray, leftover: int, n: int, size: int, out: np.ndarray
             ) -> tuple[int, bool]:
     """Fill ``out`` (count x size); the words taken from ``raw`` (-1: not enough of them) and

@@ -34,6 +34,7 @@ from fedcluster_app.core.training import (
     evaluate,
     evaluate_mixture,
     limit_threads,
+    round_draws,
 )
 
 PERSONAL_KEY = "personal-model"
@@ -83,11 +84,9 @@ class StreamClient(NumPyClient):
         return data.x_test, data.y_test
 
     def steps_data(self, steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Training data of the given time steps, concatenated (e.g. a cluster's history)."""
-        if not steps:
-            raise ValueError("no time steps given")
-        parts = [self.exp.scenario.step_data(self.client_id, int(t)) for t in steps]
-        return (np.concatenate([p.x_train for p in parts]), np.concatenate([p.y_train for p in parts]))
+        """Training data of the given time steps, concatenated (e.g. a cluster's history);
+        read-only."""
+        return self.exp.scenario.train_steps(self.client_id, [int(t) for t in steps])
 
     def fit_data(self, config: dict, model_id: int) -> tuple[np.ndarray, np.ndarray]:
         """What to train or probe on: ``data-steps[.<id>]`` if the server says so, else the window."""
@@ -103,8 +102,18 @@ class StreamClient(NumPyClient):
     def concept(self, step: int) -> int:
         return int(self.exp.scenario.concept(self.client_id, step))
 
+    def stream(self, server_round: int, model_id: int) -> tuple[int, ...]:
+        """The seed words of this client's random stream for one model in one round."""
+        return (self.exp.cfg.seed, self.client_id, server_round, model_id + 2**16)
+
     def rng(self, server_round: int, model_id: int) -> np.random.Generator:
-        return seeded(self.exp.cfg.seed, self.client_id, server_round, model_id + 2**16)
+        return seeded(*self.stream(server_round, model_id))
+
+    def draws(self, server_round: int, model_id: int, n: int, cfg: TrainConfig,
+              bootstrap: bool = False) -> tuple[np.ndarray | None, list[np.ndarray]]:
+        """The minibatches (after a bootstrap sample of the rows, with ``bootstrap``) that the
+        stream of ``model_id`` draws for training on n rows: ``training.round_draws``."""
+        return round_draws(self.stream(server_round, model_id), n, cfg, bootstrap)
 
     def train_config(self, config: dict) -> TrainConfig:
         overrides = {_TRAIN_OVERRIDES[k]: v for k, v in config.items() if k in _TRAIN_OVERRIDES}
@@ -131,8 +140,10 @@ class StreamClient(NumPyClient):
         client's round."""
         cfg = cfg or self.train_config(config)
         kw.setdefault("optimizer_state", self.optimizer_state(config, stream_id, cfg))
-        return FitJob.drawing(self.exp.spec, weights, x, y, cfg,
-                              self.rng(int(config[P.ROUND]), stream_id), device=self.device, **kw)
+        if len(y) == 0:
+            raise ValueError("no training data")
+        _, batches = self.draws(int(config[P.ROUND]), stream_id, len(y), cfg)
+        return FitJob(self.exp.spec, weights, x, y, batches, cfg, device=self.device, **kw)
 
     def evaluate(self, parameters, config):
         x, y = self.eval_data(config)

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedcluster_app.core.config import TrainConfig
-from fedcluster_app.core.sampling import choice_batches
+from fedcluster_app.core.sampling import bootstrap_rows, choice_batches, fresh_draws, seeded
 
 
 def limit_threads() -> None:
@@ -68,6 +68,20 @@ def batch_indices(n: int, cfg: TrainConfig, rng: np.random.Generator) -> list[np
         order = rng.permutation(n)
         batches += [order[i : i + cfg.batch_size] for i in range(0, end, cfg.batch_size)]
     return batches
+
+
+def round_draws(words: tuple[int, ...], n: int, cfg: TrainConfig, bootstrap: bool = False
+                ) -> tuple[np.ndarray | None, list[np.ndarray]]:
+    """What a fresh generator ``rng = seeded(*words)`` (a client's stream for one model and
+    round) draws for training on n rows: with ``bootstrap`` first ``bootstrap_rows(rng, n)``
+    (else None: all rows), then ``batch_indices`` over those rows. (rows, minibatches)."""
+    if cfg.local_steps > 0:
+        drawn = fresh_draws(words, n, cfg.batch_size, cfg.local_steps, bootstrap)
+        if drawn is not None:
+            return drawn
+    rng = seeded(*words)
+    rows = bootstrap_rows(rng, n) if bootstrap else None
+    return rows, batch_indices(n if rows is None else len(rows), cfg, rng)
 
 
 def local_train(

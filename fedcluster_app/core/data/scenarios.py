@@ -96,7 +96,7 @@ import operator
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -395,6 +395,7 @@ class Scenario:
     # N clients never regenerates data, within a memory budget that bounds it for large inputs.
     STEP_CACHE_SIZE = 128               # entries at least, 2 per client above 64 clients
     STEP_CACHE_BYTES = 1 << 30          # and never more than this many bytes of arrays
+    STEPS_CACHE_BYTES = 1 << 28         # the same for concatenated steps (train_steps)
 
     def __init__(self, *, name: str, description: str, matrix: np.ndarray,
                  realisation_factory: Callable[[], object], num_classes: int,
@@ -430,6 +431,9 @@ class Scenario:
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[int, int], StepData] = OrderedDict()
         self._cache_bytes = 0
+        # (client, steps) -> their training data concatenated (train_steps)
+        self._steps_cache: OrderedDict[tuple[int, tuple[int, ...]], tuple] = OrderedDict()
+        self._steps_bytes = 0
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -530,9 +534,40 @@ class Scenario:
         size = operator.index(size)
         if size < 1:
             raise ValueError(f"window size must be >= 1, got {size}")
-        parts = [self.step_data(client, t) for t in range(max(1, step - size + 1), step + 1)]
-        return (np.concatenate([p.x_train for p in parts], axis=0),
-                np.concatenate([p.y_train for p in parts], axis=0))
+        return self.train_steps(client, range(max(1, step - size + 1), step + 1))
+
+    def train_steps(self, client: int, steps: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Training data of ``steps`` (in that order), concatenated ``(x, y)``, read-only.
+        Cached like ``step_data`` (bounded LRU): a client trains on the same steps every
+        round of a step, and concatenating a long history each time cost a FedDrift round
+        more than its draws."""
+        key = (operator.index(client), tuple(operator.index(t) for t in steps))
+        if not key[1]:
+            raise ValueError("no time steps given")
+        with self._lock:
+            hit = self._steps_cache.get(key)
+            if hit is not None:
+                self._steps_cache.move_to_end(key)
+                return hit
+        parts = [self.step_data(client, t) for t in key[1]]
+        if len(parts) == 1:
+            data = (parts[0].x_train, parts[0].y_train)
+        else:
+            data = (np.concatenate([p.x_train for p in parts], axis=0),
+                    np.concatenate([p.y_train for p in parts], axis=0))
+            for a in data:
+                a.setflags(write=False)
+        with self._lock:
+            if key not in self._steps_cache:
+                self._steps_bytes += data[0].nbytes + data[1].nbytes
+            self._steps_cache[key] = data
+            self._steps_cache.move_to_end(key)
+            limit = max(self.STEP_CACHE_SIZE, 2 * self.num_clients)
+            while len(self._steps_cache) > 1 and (len(self._steps_cache) > limit
+                                                  or self._steps_bytes > self.STEPS_CACHE_BYTES):
+                x, y = self._steps_cache.popitem(last=False)[1]
+                self._steps_bytes -= x.nbytes + y.nbytes
+        return data
 
 
 # ----------------------------------------------------------------------------------- builder

@@ -33,7 +33,6 @@ from fedcluster_app.core import wire as P
 from fedcluster_app.core.batched import FitJob
 from fedcluster_app.core.handlers import Models
 from fedcluster_app.core.stream_client import StreamClient
-from fedcluster_app.core.training import batch_indices
 from fedcluster_app.families.feddrift.wire import (
     BOOTSTRAP,
     CLUSTERS,
@@ -130,26 +129,23 @@ def train(client: StreamClient, config: dict, models: Models):
     cfg = client.train_config(config)
     jobs, per_model = [], {}
     data: dict[Any, tuple[np.ndarray, np.ndarray]] = {}   # KUE's members share their steps
-    for mid in train_ids:
-        rng = client.rng(int(config[P.ROUND]), mid)    # one stream per model: order-free
+    rnd = int(config[P.ROUND])
+    for mid in train_ids:           # one random stream per model: order-free
         steps = config.get(f"{P.DATA_STEPS}.{mid}", config.get(P.DATA_STEPS))
         step_w = config.get(f"{STEP_WEIGHTS}.{mid}")
         if steps and step_w:
-            x, y, batches = _weighted_batches(client, list(steps), list(step_w), cfg, rng)
+            x, y, batches = _weighted_batches(client, list(steps), list(step_w), cfg,
+                                              client.rng(rnd, mid))
         else:
             key = tuple(steps) if steps else None
             if key not in data:
                 data[key] = client.fit_data(config, mid)
             x, y = data[key]      # read only: masking and bootstrapping make copies
-            batches = None
+            rows, batches = client.draws(rnd, mid, len(y), cfg, bool(config.get(BOOTSTRAP)))
+            if rows is not None:
+                x, y = x[rows], y[rows]
         x = masked(x, config, mid)
-        if config.get(BOOTSTRAP) and batches is None:
-            idx = np.repeat(np.arange(len(y)), rng.poisson(1.0, size=len(y)))
-            if len(idx) == 0:
-                idx = np.arange(len(y))
-            x, y = x[idx], y[idx]
-        jobs.append(FitJob(client.exp.spec, models[mid], x, y,
-                           batches or batch_indices(len(y), cfg, rng), cfg, client.device,
+        jobs.append(FitJob(client.exp.spec, models[mid], x, y, batches, cfg, client.device,
                            numpy_kernel=_use_numpy(client, config, models[mid]),
                            optimizer_state=client.optimizer_state(config, mid, cfg)))
         per_model[mid] = {P.NUM_EXAMPLES: len(y)}
