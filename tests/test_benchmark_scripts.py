@@ -39,3 +39,22 @@ def test_grid_script_measures_both_ways(tmp_path):
     got = [json.loads(line) for line in rows.read_text().splitlines()]
     assert sorted(r["batched"] for r in got) == [False, True]
     assert got[0]["acc_omit"] == got[1]["acc_omit"] and got[0]["status"] == "completed"
+
+
+def test_round_profile_script_splits_a_run_into_parts(tmp_path):
+    rows = tmp_path / "profile.jsonl"
+    out = _run("feddrift_round_profile.py", "--method", "KUE", "--rounds", "2",
+               "--local-steps", "2", "--jsonl", str(rows))
+    (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert row["method"] == "KUE" and row["batched"] is True and row["looks"] > 0
+    assert abs(sum(row["shares"].values()) - 1.0) < 1e-3
+    labels = {label for *_, label in _parts()} | {"strategy and protocol (the rest)"}
+    assert set(row["shares"]) <= labels
+    assert "ms/round" in out
+
+
+def _parts():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import feddrift_round_profile
+
+    return feddrift_round_profile.PARTS

@@ -124,14 +124,23 @@ def _validate(msg, cid, task, shapes, dtypes, max_examples) -> Reply:
     return Reply(cid, metrics, models, model_metrics, extras)
 
 
+_ANY_NUMBER = frozenset((None, "scalar"))
+_INT_KINDS = _ANY_NUMBER | {"int"}
+
+
 def check_metrics(metrics: dict[str, Any], max_examples: int | None = None) -> dict[str, Any]:
     """A reply's metrics, checked: finite numbers; the keys the wire declares scalar are
     scalars, those it declares lists are lists, ids are integers; num-examples is capped."""
     for key, value in metrics.items():
+        kind = P.REPLY_METRICS.get(key)
+        # the common cases, passed on sight: a Python int where a number or an integer will
+        # do, a finite Python float where any number will
+        if (type(value) is int and kind in _INT_KINDS) or (
+                type(value) is float and kind in _ANY_NUMBER and math.isfinite(value)):
+            continue
         values = value if isinstance(value, list) else [value]
         if not all(math.isfinite(v) for v in values):
             raise RejectedReply(f"metric {key!r} is not finite: {value!r}")
-        kind = P.REPLY_METRICS.get(key)
         if kind is None:
             continue
         if kind.endswith("list") != isinstance(value, list):
@@ -162,7 +171,8 @@ def _numeric(what: str, arrays: list[np.ndarray], dtypes, finite: bool = True) -
         if dtypes is not None and a.dtype != dtypes[i]:
             with np.errstate(over="ignore", invalid="ignore"):
                 a = a.astype(dtypes[i])
-        if finite and a.dtype.kind == "f" and not np.isfinite(a).all():
+        # np.isfinite(a).all(), without the Python wrapper of .all() (hundreds of arrays a round)
+        if finite and a.dtype.kind == "f" and not np.logical_and.reduce(np.isfinite(a), axis=None):
             raise RejectedReply(f"{what} contains non-finite values")
         out.append(a)
     return out

@@ -1011,8 +1011,8 @@ def update_norm(weights: Weights, sent: Weights) -> float:
     for a, b in zip(weights, sent):
         if a.dtype.kind == "f":
             d = np.subtract(a, b, dtype=np.float64)   # (a - b) ** 2 summed as np.sum sums it,
-            d *= d                                    # with fewer temporaries and calls
-            total += float(d.sum())
+            d *= d                                    # with fewer temporaries and calls (the
+            total += float(np.add.reduce(d, axis=None))   # reduction d.sum() runs, directly)
     return math.sqrt(total)
 
 
