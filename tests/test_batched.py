@@ -217,7 +217,13 @@ def test_the_numpy_kernel_splits_by_memory_bit_for_bit(monkeypatch):
 
     cfg = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=10, batch_size=16)
     jobs = [dataclasses.replace(j, numpy_kernel=True) for j in _jobs(cfg, [50, 60, 70, 80, 90])]
+    calls = []
+    real = batched.kernels.numpy_train_many
+    monkeypatch.setattr(batched.kernels, "numpy_train_many",
+                        lambda js, c: calls.append(len(js)) or real(js, c))
     whole = run_jobs_batched(jobs)
-    monkeypatch.setattr(batched, "BATCH_BYTES", 2 * 8 * 10 * 16 * 5)    # two jobs' minibatches
-    assert _gap(whole, run_jobs_batched(jobs)) == 0.0
+    monkeypatch.setattr(batched, "KERNEL_CHUNK_BYTES", 2 * 8 * 10 * 16 * 5)   # two jobs' batches
+    split = run_jobs_batched(jobs)
+    assert calls == [5, 2, 2, 1]
+    assert _gap(whole, split) == 0.0
     assert _gap(whole, run_jobs(jobs)) == 0.0

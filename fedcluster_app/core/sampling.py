@@ -92,6 +92,13 @@ def batch_sizes(batches: list[np.ndarray]) -> tuple[int, ...]:
     return tuple(len(b) for b in batches)
 
 
+def total_rows(batches: list[np.ndarray]) -> int:
+    """How many rows the minibatches hold together."""
+    if isinstance(batches, Minibatches):
+        return batches.array.size
+    return sum(map(len, batches))
+
+
 def choice_batches(rng: np.random.Generator, n: int, size: int, count: int) -> list[np.ndarray]:
     """``[rng.choice(n, size=size, replace=False) for _ in range(count)]``, same values, same
     generator state afterwards, in one compiled call."""
