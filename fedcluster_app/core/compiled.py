@@ -6,7 +6,7 @@ disk beside this file.
   (``core/sampling.py``, ``seeded``);
 * ``pcg64``, ``next_raw``, ``fresh_draws``: NumPy's PCG64 generator, and what a fresh one
   draws for a round's training (a bootstrap's Poisson counts, the minibatches;
-  ``core/sampling.py``, ``stream_draws``);
+  ``core/sampling.py``, ``fresh_draws``);
 * ``replay``: NumPy's ``Generator.choice(n, size, replace=False)`` (bounded draws, Floyd's
   algorithm, the Fisher-Yates shuffle) on a generator's raw 64-bit outputs (``core/sampling.py``);
 * ``train_mlp``: the local training of stacked one-hidden-layer MLPs (``core/kernels.py``);

@@ -146,8 +146,8 @@ def fresh_draws(words: Sequence[int], n: int, size: int, count: int, bootstrap: 
     """What a fresh generator ``rng = seeded(*words)`` draws: with ``bootstrap``, the rows
     ``bootstrap_rows(rng, n)`` (else None and all n rows), then ``choice_batches(rng, m,
     min(size, m), count)`` over those m rows; computed in one compiled call, generator
-    included (a KUE round makes 100 such draws: seeding, Poisson counts and minibatches cost
-    ~100 us each through NumPy's calls, ~45 us so). None where that call does not apply (the
+    included (a KUE round makes 100 such draws; ``benchmarks/bench_draws.py`` times one both
+    ways: 88 us through NumPy's calls, 40 us so). None where that call does not apply (the
     compiled draws not loaded yet, other words, no draw, NumPy's tail-shuffle path): the
     caller then draws through ``seeded``, with the same result."""
     if (_compiled is None or count <= 0 or size <= 0 or not 0 < n < 2**31 or len(words) > 4

@@ -540,7 +540,7 @@ class Scenario:
         """Training data of ``steps`` (in that order), concatenated ``(x, y)``, read-only.
         Cached like ``step_data`` (bounded LRU): a client trains on the same steps every
         round of a step, and concatenating a long history each time cost a FedDrift round
-        more than its draws."""
+        about as much as drawing its minibatches."""
         key = (operator.index(client), tuple(operator.index(t) for t in steps))
         if not key[1]:
             raise ValueError("no time steps given")
