@@ -31,12 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from feddrift_grid import TrainerClock  # noqa: E402
 from feddrift_reproduce import PAPER, run_config  # noqa: E402
 from raw_rows import load_average, machine, write_rows  # noqa: E402
 
 #: (file ending, function name or "*") -> part; a look counts for the deepest frame that matches
 PARTS: list[tuple[str, str, str]] = [
-    ("feddrift_round_profile.py", "compiled_trainer", "trainer (compiled)"),
+    ("feddrift_grid.py", "timed", "trainer (compiled)"),    # TrainerClock's wrapper
     ("core/sampling.py", "*", "minibatch draws"),
     ("core/training.py", "round_draws", "minibatch draws"),
     ("core/training.py", "batch_indices", "minibatch draws"),
@@ -103,18 +104,6 @@ class Sampler:
         signal.signal(signal.SIGPROF, signal.SIG_DFL)
 
 
-def wrap_trainer() -> None:
-    """The compiled trainer's calls go through a Python function, so that looks find them."""
-    from fedcluster_app.core import compiled
-
-    for name in ("train_mlp", "mean_losses"):
-        fn = getattr(compiled, name)
-
-        def compiled_trainer(*args, _fn=fn):
-            return _fn(*args)
-        setattr(compiled, name, compiled_trainer)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,7 +121,7 @@ def main() -> None:
 
     FLOWER_LOGGER.setLevel(logging.ERROR)
     os.environ.setdefault("FEDCLUSTER_TORCH_THREADS", "1")
-    wrap_trainer()
+    TrainerClock()      # the trainer's calls go through a Python function that looks find
     sampler = Sampler(0.001)
     strategy = PAPER[args.method][0]
     batch = not args.one_by_one

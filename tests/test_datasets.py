@@ -221,8 +221,9 @@ def test_concatenated_steps_are_cached_read_only_and_bounded(monkeypatch):
     assert (9, (3, 4)) in s._steps_cache and (2, (3, 1, 4)) not in s._steps_cache
     monkeypatch.setattr(s, "STEPS_CACHE_BYTES", 3 * x.nbytes)
     s.train_steps(1, [1, 2, 3, 4, 5, 6])
-    assert s._steps_bytes <= 3 * x.nbytes or len(s._steps_cache) == 1
-    assert s._steps_bytes == sum(a.nbytes + b.nbytes for a, b in s._steps_cache.values())
+    assert s._steps_cache.bytes <= 3 * x.nbytes or len(s._steps_cache) == 1
+    assert s._steps_cache.bytes == sum(a.nbytes + b.nbytes
+                                       for a, b in s._steps_cache.entries.values())
 
 
 @pytest.mark.parametrize("name", ["circle2", "mixture-swap", "digits-swap"])

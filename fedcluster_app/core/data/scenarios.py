@@ -100,6 +100,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -191,6 +192,38 @@ class StepData:
 
 def _nbytes(data: StepData) -> int:
     return data.x_train.nbytes + data.y_train.nbytes + data.x_test.nbytes + data.y_test.nbytes
+
+
+class _BoundedCache:
+    """Least recently used first out, bounded by its number of entries and by the bytes of
+    its values (``nbytes(value)``); the newest entry always stays. Not locked: its owner's
+    lock guards it."""
+
+    def __init__(self, nbytes: Callable[[Any], int]) -> None:
+        self.entries: OrderedDict = OrderedDict()
+        self.bytes = 0
+        self._nbytes = nbytes
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, key) -> bool:
+        return key in self.entries
+
+    def get(self, key):
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.entries.move_to_end(key)
+        return hit
+
+    def put(self, key, value, max_entries: int, max_bytes: int) -> None:
+        if key not in self.entries:
+            self.bytes += self._nbytes(value)
+        self.entries[key] = value
+        self.entries.move_to_end(key)
+        while len(self.entries) > 1 and (len(self.entries) > max_entries
+                                         or self.bytes > max_bytes):
+            self.bytes -= self._nbytes(self.entries.popitem(last=False)[1])
 
 
 # ---------------------------------------------------------------------------------- families
@@ -429,11 +462,9 @@ class Scenario:
         self._factory = realisation_factory
         self._realisation: object | None = None
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[int, int], StepData] = OrderedDict()
-        self._cache_bytes = 0
+        self._cache = _BoundedCache(_nbytes)            # (client, step) -> StepData
         # (client, steps) -> their training data concatenated (train_steps)
-        self._steps_cache: OrderedDict[tuple[int, tuple[int, ...]], tuple] = OrderedDict()
-        self._steps_bytes = 0
+        self._steps_cache = _BoundedCache(lambda xy: xy[0].nbytes + xy[1].nbytes)
 
     # -- identity ---------------------------------------------------------------------------
     @property
@@ -513,20 +544,15 @@ class Scenario:
         key = (client, step)
         with self._lock:
             hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
+        if hit is not None:
+            return hit
         data = self._generate(client, step)
         with self._lock:
-            if key not in self._cache:
-                self._cache_bytes += _nbytes(data)
-            self._cache[key] = data
-            self._cache.move_to_end(key)
-            limit = max(self.STEP_CACHE_SIZE, 2 * self.num_clients)
-            while len(self._cache) > 1 and (len(self._cache) > limit
-                                            or self._cache_bytes > self.STEP_CACHE_BYTES):
-                self._cache_bytes -= _nbytes(self._cache.popitem(last=False)[1])
+            self._cache.put(key, data, self._cache_entries(), self.STEP_CACHE_BYTES)
         return data
+
+    def _cache_entries(self) -> int:
+        return max(self.STEP_CACHE_SIZE, 2 * self.num_clients)
 
     def window(self, client: int, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:
         """Training data of steps ``max(1, step - size + 1) .. step``, concatenated ``(x, y)``."""
@@ -546,9 +572,8 @@ class Scenario:
             raise ValueError("no time steps given")
         with self._lock:
             hit = self._steps_cache.get(key)
-            if hit is not None:
-                self._steps_cache.move_to_end(key)
-                return hit
+        if hit is not None:
+            return hit
         parts = [self.step_data(client, t) for t in key[1]]
         if len(parts) == 1:
             data = (parts[0].x_train, parts[0].y_train)
@@ -558,15 +583,7 @@ class Scenario:
             for a in data:
                 a.setflags(write=False)
         with self._lock:
-            if key not in self._steps_cache:
-                self._steps_bytes += data[0].nbytes + data[1].nbytes
-            self._steps_cache[key] = data
-            self._steps_cache.move_to_end(key)
-            limit = max(self.STEP_CACHE_SIZE, 2 * self.num_clients)
-            while len(self._steps_cache) > 1 and (len(self._steps_cache) > limit
-                                                  or self._steps_bytes > self.STEPS_CACHE_BYTES):
-                x, y = self._steps_cache.popitem(last=False)[1]
-                self._steps_bytes -= x.nbytes + y.nbytes
+            self._steps_cache.put(key, data, self._cache_entries(), self.STEPS_CACHE_BYTES)
         return data
 
 

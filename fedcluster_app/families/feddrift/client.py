@@ -101,8 +101,7 @@ def _weighted_batches(client: StreamClient, steps: list[int], weights: list[floa
     parts = [client.exp.scenario.step_data(client.client_id, int(t)) for t in steps]
     sizes = np.array([len(p.y_train) for p in parts])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    x = np.concatenate([p.x_train for p in parts])
-    y = np.concatenate([p.y_train for p in parts])
+    x, y = client.steps_data(steps)
     prob = np.asarray(weights, dtype=np.float64)
     prob = prob / prob.sum()
     n_batches = cfg.local_steps if cfg.local_steps > 0 else max(1, int(np.ceil(len(y) / cfg.batch_size)))
@@ -128,7 +127,6 @@ def train(client: StreamClient, config: dict, models: Models):
         metrics.update({P.CHOSEN: chosen, P.LOSSES: losses, P.MODEL_IDS: ids})
     cfg = client.train_config(config)
     jobs, per_model = [], {}
-    data: dict[Any, tuple[np.ndarray, np.ndarray]] = {}   # KUE's members share their steps
     rnd = int(config[P.ROUND])
     for mid in train_ids:           # one random stream per model: order-free
         steps = config.get(f"{P.DATA_STEPS}.{mid}", config.get(P.DATA_STEPS))
@@ -137,10 +135,8 @@ def train(client: StreamClient, config: dict, models: Models):
             x, y, batches = _weighted_batches(client, list(steps), list(step_w), cfg,
                                               client.rng(rnd, mid))
         else:
-            key = tuple(steps) if steps else None
-            if key not in data:
-                data[key] = client.fit_data(config, mid)
-            x, y = data[key]      # read only: masking and bootstrapping make copies
+            x, y = client.fit_data(config, mid)   # cached and read only: masks and
+                                                  # bootstrap samples make copies
             rows, batches = client.draws(rnd, mid, len(y), cfg, bool(config.get(BOOTSTRAP)))
             if rows is not None:
                 x, y = x[rows], y[rows]
