@@ -57,3 +57,55 @@ def test_each_job_trains_as_if_alone_exactly():
         (alone, alone_loss), = numpy_train_many([job], cfg)
         assert loss == alone_loss
         assert all(np.array_equal(a, b) for a, b in zip(alone, weights))
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_shifted_exp_is_numpys_exp_of_the_differences(classes):
+    """exp(score - max) per sample: with two classes the larger class's exp(+0) is skipped;
+    ties, infinities and NaN give what NumPy gives."""
+    rng = np.random.default_rng(classes)
+    p = rng.normal(size=(classes, 400)) * 30
+    p[:, :40] = p[0, :40]                                      # ties
+    specials = [np.inf, -np.inf, np.nan, 0.0, -0.0]
+    for j in range(40, 140):
+        p[rng.integers(classes), j] = specials[j % len(specials)]
+    top = np.maximum.reduce(p, axis=0)                         # NaN wins, as in the trainer
+    with np.errstate(invalid="ignore"):                        # inf - inf
+        want = np.exp(p - top)
+    got = p.copy()
+    compiled._shifted_exp(got, top, classes, p.shape[1])
+    np.testing.assert_array_equal(got, want)                   # equal, NaN where NaN
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+def _gradients_one_entry_at_a_time(delta, inputs, n, g, gb):
+    """The layer gradients summed as the BLAS product and NumPy did: every entry its own
+    running sum, one sample after the other."""
+    rows, cols = g.shape
+    for r in range(rows):
+        for c in range(cols):
+            g[r, c] = 0.0
+        gb[r] = delta[r, 0]
+    for i in range(n):
+        for r in range(rows):
+            for c in range(cols):
+                g[r, c] = compiled._fma(delta[r, i], inputs[c, i], g[r, c])
+            if i > 0:
+                gb[r] = gb[r] + delta[r, i]
+
+
+@pytest.mark.parametrize("rows,cols", [(2, 4), (4, 2), (3, 5), (1, 1), (7, 3)])
+def test_layer_gradients_keep_each_entrys_order(rows, cols):
+    """Four entries' sums side by side, in registers, are the same numbers, to the last bit,
+    as each entry summed alone (also when the entries are not a multiple of four)."""
+    import numba
+
+    reference = numba.njit(_gradients_one_entry_at_a_time)
+    rng = np.random.default_rng(rows * 10 + cols)
+    for n in (1, 5, 50):
+        delta, inputs = rng.normal(size=(rows, 60)), rng.normal(size=(cols, 60))
+        g, gb = np.empty((rows, cols)), np.empty(rows)
+        g_ref, gb_ref = np.empty((rows, cols)), np.empty(rows)
+        compiled._layer_gradients(delta, inputs, n, g, gb)
+        reference(delta, inputs, n, g_ref, gb_ref)
+        assert np.array_equal(g, g_ref) and np.array_equal(gb, gb_ref)

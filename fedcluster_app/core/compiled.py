@@ -354,19 +354,58 @@ def _layer_gradients(delta, inputs, n, g, gb):
     """A layer's weight gradient g = delta inputs^T over the first n samples (each entry's
     products summed one sample after the other with fused multiply-adds, every entry its own
     running sum, as the BLAS product did) and its bias gradient gb = delta summed over the
-    samples (one after the other, as NumPy sums over that axis)."""
+    samples (one after the other, as NumPy sums over that axis).
+
+    Each entry's running sum is a chain of n dependent fused multiply-adds; four entries'
+    chains are kept in registers side by side (a group's last entries repeat its last one when
+    fewer are left), so the processor overlaps them. One entry after the other, each sum
+    stored back to memory every sample, took the trainer 1.33x longer (bit for bit the same)."""
     rows, cols = g.shape
+    E = rows * cols
+    for e in range(0, E, 4):
+        e1, e2, e3 = min(e + 1, E - 1), min(e + 2, E - 1), min(e + 3, E - 1)
+        r0, c0 = e // cols, e % cols
+        r1, c1 = e1 // cols, e1 % cols
+        r2, c2 = e2 // cols, e2 % cols
+        r3, c3 = e3 // cols, e3 % cols
+        a0 = a1 = a2 = a3 = 0.0
+        for i in range(n):
+            a0 = _fma(delta[r0, i], inputs[c0, i], a0)
+            a1 = _fma(delta[r1, i], inputs[c1, i], a1)
+            a2 = _fma(delta[r2, i], inputs[c2, i], a2)
+            a3 = _fma(delta[r3, i], inputs[c3, i], a3)
+        g[r3, c3] = a3
+        g[r2, c2] = a2
+        g[r1, c1] = a1
+        g[r0, c0] = a0
     for r in range(rows):
-        for c in range(cols):
-            g[r, c] = 0.0
-        gb[r] = delta[r, 0]
-    for i in range(n):
-        for r in range(rows):
-            dr = delta[r, i]
-            for c in range(cols):
-                g[r, c] = _fma(dr, inputs[c, i], g[r, c])
-            if i > 0:
-                gb[r] = gb[r] + dr
+        s = delta[r, 0]
+        for i in range(1, n):
+            s = s + delta[r, i]
+        gb[r] = s
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _shifted_exp(p, top, C, n):
+    """p[c, i] = exp(p[c, i] - top[i]) for the first n samples (libm's ``exp``, as NumPy's).
+    With two classes one call per sample: ``top`` is the larger score, so that class's
+    difference is +0 and exp(+0) = 1 exactly (the exp calls were a third of the trainer)."""
+    if C == 2:
+        for i in range(n):
+            o = p[0, i] - top[i]
+            q = p[1, i] - top[i]
+            if o != 0.0 and q != 0.0:          # only with a NaN or an infinity
+                p[0, i] = np.exp(o)
+                p[1, i] = np.exp(q)
+                continue
+            first = o == 0.0                   # selects, not branches: which class is the
+            e = np.exp(q if first else o)      # larger is random
+            p[0, i] = 1.0 if first else e
+            p[1, i] = e if first else 1.0
+        return
+    for c in range(C):
+        for i in range(n):
+            p[c, i] = np.exp(p[c, i] - top[i])
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -435,9 +474,7 @@ def train_mlp(flat, X, Y, start, rows, sizes, dims, adam, momentum, wd, lr, c1, 
             for c in range(1, C):
                 for i in range(n):
                     top[i] = _maximum(top[i], p[c, i])
-            for c in range(C):
-                for i in range(n):
-                    p[c, i] = np.exp(p[c, i] - top[i])
+            _shifted_exp(p, top, C, n)
             if C < 8:                           # one class after the other, as NumPy's chain
                 for i in range(n):
                     total[i] = p[0, i]
