@@ -109,3 +109,29 @@ def test_layer_gradients_keep_each_entrys_order(rows, cols):
         compiled._layer_gradients(delta, inputs, n, g, gb)
         reference(delta, inputs, n, g_ref, gb_ref)
         assert np.array_equal(g, g_ref) and np.array_equal(gb, gb_ref)
+
+
+def test_update_norm_is_the_same_number_compiled(monkeypatch):
+    """update_norm through the compiled sums equals its NumPy form to the last bit: arrays of
+    any size (NumPy's pairwise sums from 8 on), float16/32/64, int arrays skipped, empty
+    arrays, and a norm against zeros (the model's own scale)."""
+    import sys
+
+    from fedcluster_app.core.strategy import update_norm
+
+    rng = np.random.default_rng(0)
+    cases = []
+    for k in range(600):
+        shapes = [tuple(rng.integers(0 if k % 11 == 0 else 1, 12, size=rng.integers(0, 3)))
+                  for _ in range(rng.integers(1, 6))] + ([(300, 7)] if k % 50 == 0 else [])
+        dtype = (np.float32, np.float64, np.float16)[k % 3]
+        w, s = ([(rng.normal(size=shape) * 10 ** rng.uniform(-3, 3)).astype(dtype)
+                 for shape in shapes] for _ in range(2))
+        if k % 7 == 0:
+            w.append(np.arange(3))
+            s.append(np.arange(5, 8))
+        cases += [(w, s), (w, [0.0] * len(w))]
+    assert "fedcluster_app.core.compiled" in sys.modules      # imported above
+    fast = [update_norm(w, s) for w, s in cases]
+    monkeypatch.delitem(sys.modules, "fedcluster_app.core.compiled")
+    assert [update_norm(w, s) for w, s in cases] == fast

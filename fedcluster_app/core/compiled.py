@@ -10,6 +10,8 @@ disk beside this file.
 * ``replay``: NumPy's ``Generator.choice(n, size, replace=False)`` (bounded draws, Floyd's
   algorithm, the Fisher-Yates shuffle) on a generator's raw 64-bit outputs (``core/sampling.py``);
 * ``train_mlp``: the local training of stacked one-hidden-layer MLPs (``core/kernels.py``);
+* ``squared_distances``: the squared norm of a model's update (``core/strategy.py``,
+  ``update_norm``);
 * ``nearest_l1``: Fielding's full k-means assignment pass on sparse label vectors
   (``families/fielding/clustering.py``).
 
@@ -562,6 +564,24 @@ def mean_losses(picked, sizes):
                 total = total + means[0, s]
         out[k] = -(total / used)
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def squared_distances(a, b, sizes):
+    """The sum over segments (``sizes``: the lengths of the arrays concatenated in the float64
+    ``a`` and ``b``) of ``np.add.reduce((a - b) ** 2)`` over the segment, the segments' sums
+    added one after the other: ``strategy.update_norm``'s squared norm, the same number."""
+    buf = np.empty((1, max(sizes.max(), 1)))
+    total = 0.0
+    lo = 0
+    for e in range(sizes.shape[0]):
+        n = sizes[e]
+        for i in range(n):
+            d = a[lo + i] - b[lo + i]
+            buf[0, i] = d * d
+        total = total + (_pairwise(buf, 0, n) if n > 0 else 0.0)
+        lo += n
+    return total
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")

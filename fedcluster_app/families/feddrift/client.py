@@ -139,7 +139,7 @@ def train(client: StreamClient, config: dict, models: Models):
                                                   # bootstrap samples make copies
             rows, batches = client.draws(rnd, mid, len(y), cfg, bool(config.get(BOOTSTRAP)))
             if rows is not None:
-                x, y = x[rows], y[rows]
+                x, y = np.take(x, rows, axis=0), y[rows]   # take: 3x faster than x[rows]
         x = masked(x, config, mid)
         jobs.append(FitJob(client.exp.spec, models[mid], x, y, batches, cfg, client.device,
                            numpy_kernel=_use_numpy(client, config, models[mid]),
