@@ -71,8 +71,7 @@ def _reply(msg: Message, client: StreamClient, config: dict, result: tuple) -> M
     metrics, models, model_metrics, *extras = result
     step = int(config[P.STEP])
     base = {P.CLIENT_ID: client.client_id, P.CONCEPT: client.concept(step), P.STEP: step}
-    return Message(P.reply_content({**base, **metrics}, models, model_metrics, *extras),
-                   reply_to=msg)
+    return P.reply(P.reply_content({**base, **metrics}, models, model_metrics, *extras), msg)
 
 
 def _request(msg: Message, context: Context) -> tuple[StreamClient, dict, handlers.Models]:

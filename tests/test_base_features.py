@@ -193,3 +193,35 @@ def test_records_built_on_sight_are_the_records_flower_builds():
             P.config_record(bad)
     with pytest.raises(TypeError):
         P.record_dict({"m": {"a": 1}})
+
+
+def test_messages_built_here_are_the_messages_flower_builds():
+    """wire.instruction / wire.reply skip Flower's argument checks: the same messages (metadata
+    and content; only the creation times, and so the reply's time to live, differ); a message
+    type Flower refuses is still refused."""
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, 1, 3
+    content = RecordDict({"config": ConfigRecord({"round": 2})})
+
+    def same(ours, theirs, clock=("_created_at",)):
+        a, b = ours.metadata.__dict__, theirs.metadata.__dict__
+        assert list(a) == list(b)
+        assert {k: v for k, v in a.items() if k not in clock} == \
+            {k: v for k, v in b.items() if k not in clock}
+        assert abs(a["_created_at"] - b["_created_at"]) < 5
+        assert list(ours.__dict__) == list(theirs.__dict__)
+        assert ours.content is content and not ours.has_error()
+
+    for _ in range(2):           # the first call of a message type goes through Flower
+        sent = P.instruction(content, 12345, "train.cluster", "4")
+        same(sent, Message(content=content, dst_node_id=12345, message_type="train.cluster",
+                           group_id="4"))
+    sent.metadata.__dict__["_message_id"] = "m9"
+    answer, flowers = P.reply(content, sent), Message(content, reply_to=sent)
+    same(answer, flowers, ("_created_at", "_ttl"))
+    assert answer.metadata.reply_to_message_id == "m9"
+    assert abs(answer.metadata.ttl - flowers.metadata.ttl) < 5
+    with pytest.raises(ValueError, match="Invalid message type"):
+        P.instruction(content, 12345, "no spaces allowed", "4")

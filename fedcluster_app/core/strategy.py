@@ -415,8 +415,7 @@ class ClusteredStrategy(Strategy):
                     packed[m] = P.pack_message_arrays(self.models[m])
             content = P.build_content({m: packed[m] for m in task.models}, config)
             self._round_stats["bytes_down"] += P.nbytes(content)
-            messages.append(Message(content=content, dst_node_id=node, message_type=wire_kind,
-                                    group_id=str(self.round)))
+            messages.append(P.instruction(content, node, wire_kind, str(self.round)))
             sent[node] = (cid, task)
         replies = (list(grid.send_and_receive(messages, timeout=self.round_timeout))
                    if messages else [])
