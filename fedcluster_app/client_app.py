@@ -64,7 +64,7 @@ def make_client(context: Context) -> StreamClient:
 
 def _config(msg: Message) -> dict:
     record = P.records_of(msg.content, ConfigRecord).get(P.CONFIG)
-    return dict(record) if record is not None else {}
+    return dict(P.data_of(record)) if record is not None else {}
 
 
 def _reply(msg: Message, client: StreamClient, config: dict, result: tuple) -> Message:

@@ -16,6 +16,8 @@ last class's weight gradient is summed in another order than OpenBLAS's remainde
 from __future__ import annotations
 
 import functools
+import math
+from itertools import accumulate
 
 import numpy as np
 
@@ -86,7 +88,8 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     M = len(jobs)
     shapes = [np.shape(w) for w in jobs[0][0]]
     (h, d), C = shapes[0], shapes[2][0]
-    offsets = np.cumsum([0] + [int(np.prod(s)) for s in shapes])
+    # bookkeeping in Python ints: NumPy's calls on lists of four numbers cost more than the sums
+    offsets = list(accumulate((math.prod(s) for s in shapes), initial=0))
     # every job's arrays one after the other are the (M, P) rows; one cast for all of them
     flat = np.concatenate([np.ravel(w) for weights, *_ in jobs for w in weights],
                           dtype=np.float64, casting="unsafe").reshape(M, -1)
@@ -94,28 +97,31 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     X = np.concatenate([np.reshape(x, (len(x), -1)) for _, x, *_ in jobs],
                        dtype=np.float64, casting="unsafe")
     Y = np.concatenate([y for _, _, y, *_ in jobs], dtype=np.int64, casting="unsafe")
-    start = np.cumsum([0] + [len(y) for _, _, y, *_ in jobs[:-1]]).astype(np.int64)
+    start = np.array(list(accumulate((len(y) for _, _, y, *_ in jobs[:-1]), initial=0)),
+                     dtype=np.int64)
     rows = _minibatch_rows(jobs, sizes)
     adam = cfg.optimizer == "adam"
-    m, v, vmax = (np.zeros_like(flat) for _ in range(3))
+    m, v, vmax = np.zeros((3, *flat.shape))
     states = [job[4] if len(job) > 4 else None for job in jobs]
     kept = np.array([bool(state) for state in states])   # rows that continue an optimizer
     t0 = np.zeros(M, dtype=np.int64)            # Adam steps taken before this call
     for k in np.flatnonzero(kept):
         t0[k] = _load_state(states[k], adam, shapes, m[k], v[k], vmax[k])
-    c1, c2 = _adam_factors(float(cfg.lr), tuple(sizes > 0), tuple(t0))
+    c1, c2 = _adam_factors(float(cfg.lr), tuple((sizes > 0).tolist()), tuple(t0.tolist()))
     picked = np.empty((len(sizes), M, rows.shape[2]))   # p(y | x) of every sample, per step
     compiled.train_mlp(flat, X, Y, start, rows, sizes, np.array([d, h, C], dtype=np.int64),
                        adam, float(cfg.momentum), float(cfg.weight_decay), float(cfg.lr),
                        c1, c2, ~kept, m, v, vmax, picked)
     # the mean over minibatches of the minibatch's mean cross-entropy, as local_train reports
-    losses = compiled.mean_losses(picked, sizes)
+    losses = compiled.mean_losses(picked, sizes).tolist()
     t = int(np.count_nonzero(sizes))
     for k, state in enumerate(states):
         if state is not None:
             _store_state(state, adam, cfg.momentum, shapes, offsets, t0[k] + t, m[k], v[k], vmax[k])
-    views = [flat[:, a:b].reshape((M, *s)) for a, b, s in zip(offsets[:-1], offsets[1:], shapes)]
-    return [([w[k].astype(np.float32) for w in views], float(losses[k])) for k in range(M)]
+    # one cast for all jobs; each job's arrays are views of its own row
+    out = flat.astype(np.float32)
+    parts = list(zip(offsets[:-1], offsets[1:], shapes))
+    return [([out[k, a:b].reshape(s) for a, b, s in parts], losses[k]) for k in range(M)]
 
 
 def _minibatch_rows(jobs: list[TrainJob], sizes: np.ndarray) -> np.ndarray:

@@ -87,7 +87,7 @@ def _validate(msg, cid, task, shapes, dtypes, max_examples) -> Reply:
     records = P.records_of(content, MetricRecord)
     if P.METRICS not in records:
         raise RejectedReply("no metrics record")
-    metrics = check_metrics(dict(records[P.METRICS]), max_examples)
+    metrics = check_metrics(dict(P.data_of(records[P.METRICS])), max_examples)
     claimed = metrics.get(P.CLIENT_ID)
     if claimed != cid:
         raise RejectedReply(f"reply claims client id {claimed!r}")
@@ -113,7 +113,7 @@ def _validate(msg, cid, task, shapes, dtypes, max_examples) -> Reply:
             raise RejectedReply(f"model {mid} has shapes {got}, expected {shapes}")
         models[mid] = _numeric(f"model {mid}", arrays, dtypes)
     model_metrics = {
-        mid: check_metrics(dict(records[P.model_metrics_key(mid)]), max_examples)
+        mid: check_metrics(dict(P.data_of(records[P.model_metrics_key(mid)])), max_examples)
         for mid in models
         if P.model_metrics_key(mid) in records
     }

@@ -412,9 +412,11 @@ class ClusteredStrategy(Strategy):
                 config[P.PERSONAL] = True
             for m in task.models:
                 if m not in packed:
-                    packed[m] = P.pack_message_arrays(self.models[m])
-            content = P.build_content({m: packed[m] for m in task.models}, config)
-            self._round_stats["bytes_down"] += P.nbytes(content)
+                    record = P.pack_message_arrays(self.models[m])
+                    packed[m] = record, P.record_nbytes(record)
+            content = P.build_content({m: packed[m][0] for m in task.models}, config)
+            # the instruction's arrays are its models': counted once per model and exchange
+            self._round_stats["bytes_down"] += sum(packed[m][1] for m in task.models)
             messages.append(P.instruction(content, node, wire_kind, str(self.round)))
             sent[node] = (cid, task)
         replies = (list(grid.send_and_receive(messages, timeout=self.round_timeout))

@@ -11,6 +11,8 @@ time step.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
@@ -44,6 +46,13 @@ _STATE_STEP = "time-step"               # the time step an optimizer state belon
 
 # run-config keys a server message may override for one round (e.g. a decayed learning rate)
 _TRAIN_OVERRIDES = {f.name.replace("_", "-"): f.name for f in dataclasses.fields(TrainConfig)}
+
+
+@functools.lru_cache(maxsize=256)
+def _with_overrides(base: TrainConfig, overrides: tuple[tuple[str, type, Any], ...]) -> TrainConfig:
+    """``base`` with a message's overrides, once per distinct overrides (the value's type is part
+    of the key: 1, 1.0 and True hash alike); every message of a round asks for the same one."""
+    return dataclasses.replace(base, **{name: value for name, _, value in overrides})
 
 
 class StreamClient(NumPyClient):
@@ -116,8 +125,12 @@ class StreamClient(NumPyClient):
         return round_draws(self.stream(server_round, model_id), n, cfg, bootstrap)
 
     def train_config(self, config: dict) -> TrainConfig:
-        overrides = {_TRAIN_OVERRIDES[k]: v for k, v in config.items() if k in _TRAIN_OVERRIDES}
-        return dataclasses.replace(self.exp.cfg.train, **overrides)
+        overrides = tuple((_TRAIN_OVERRIDES[k], type(v), v) for k, v in config.items()
+                          if k in _TRAIN_OVERRIDES)
+        try:
+            return _with_overrides(self.exp.cfg.train, overrides)
+        except TypeError:       # an unhashable value: replace() takes it (or refuses it) itself
+            return dataclasses.replace(self.exp.cfg.train, **{k: v for k, _, v in overrides})
 
     # -- NumPyClient ----------------------------------------------------------------------
     def fit(self, parameters, config):

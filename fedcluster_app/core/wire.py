@@ -244,11 +244,8 @@ _METRIC_SCALARS = frozenset((int, float))
 _CONFIG_SCALARS = frozenset((int, float, str, bytes, bool))
 
 
-def _passes_on_sight(value: Any, scalars: frozenset) -> bool:
-    kind = type(value)
-    if kind in scalars:
-        return True
-    if kind is not list:
+def _list_passes_on_sight(value: Any, scalars: frozenset) -> bool:
+    if type(value) is not list:
         return False
     if not value:
         return True
@@ -257,8 +254,10 @@ def _passes_on_sight(value: Any, scalars: frozenset) -> bool:
 
 
 def _record(cls: type, values: dict, scalars: frozenset):
-    if not all(type(k) is str and _passes_on_sight(v, scalars) for k, v in values.items()):
-        return cls(values)
+    for key, value in values.items():   # a plain loop: a dozen values per record, many records
+        if type(key) is not str or (type(value) not in scalars
+                                    and not _list_passes_on_sight(value, scalars)):
+            return cls(values)
     return _filled(cls, values)
 
 
@@ -345,18 +344,27 @@ def pack_message_arrays(arrays: list[np.ndarray]) -> ArrayRecord:
 
 
 def unpack_arrays(record: ArrayRecord) -> list[np.ndarray]:
-    return [to_numpy(array) for array in record.values()]
+    return [to_numpy(array) for array in data_of(record).values()]
 
 
 def pack_models(models: dict[int, list[np.ndarray]]) -> dict[str, ArrayRecord]:
     return {f"{MODEL_PREFIX}{mid}": pack_message_arrays(arrays) for mid, arrays in models.items()}
 
 
+def data_of(record) -> dict:
+    """The dict a Flower record (or RecordDict) keeps its items in, to read: Flower's accessors
+    wrap every read of it in a Python call (``dict(record)`` is one per key); a mapping that
+    is not a Flower record gives a copy of its items."""
+    data = getattr(record, "__dict__", {}).get("_data")
+    return data if type(data) is dict else dict(record.items())
+
+
 def records_of(content: RecordDict, kind: type) -> dict[str, Any]:
     """The records of one kind (``ArrayRecord``, ``MetricRecord``, ``ConfigRecord``) by name:
     what ``content.array_records`` (...) holds, without the type-checked copy Flower builds at
     every access of those properties (several per message, a measurable share of a round)."""
-    return {key: record for key, record in content.items() if isinstance(record, kind)}
+    return {key: record for key, record in data_of(content).items()
+            if type(record) is kind or isinstance(record, kind)}   # the exact type, on sight
 
 
 def unpack_models(content: RecordDict) -> dict[int, list[np.ndarray]]:
@@ -419,6 +427,10 @@ def reply_content(
 
 def nbytes(content: RecordDict) -> int:
     """Payload size of a message's arrays (what the communication accounting counts)."""
+    return sum(map(record_nbytes, records_of(content, ArrayRecord).values()))
+
+
+def record_nbytes(record: ArrayRecord) -> int:
+    """Payload size of one record's arrays."""
     return sum(array.__dict__.get(_WIRE_BYTES, len(array.data))
-               for record in records_of(content, ArrayRecord).values()
-               for array in record.values())
+               for array in data_of(record).values())
