@@ -135,3 +135,39 @@ def test_update_norm_is_the_same_number_compiled(monkeypatch):
     fast = [update_norm(w, s) for w, s in cases]
     monkeypatch.delitem(sys.modules, "fedcluster_app.core.compiled")
     assert [update_norm(w, s) for w, s in cases] == fast
+
+
+def test_sent_model_norms_are_update_norms(monkeypatch):
+    """The exchange's cached form of the update check (strategy.SentModel) gives update_norm's
+    number for replies of the run's shapes and dtypes, falls back to it for a model of other
+    dtypes or shapes, and computes the scale as the check did (RMS weight, at least 1)."""
+    import math
+    import sys
+
+    from fedcluster_app.core.strategy import SentModel, update_norm
+
+    rng = np.random.default_rng(1)
+    shapes = ((4, 2), (4,), (2, 4), (2,), (3,))
+    dtypes = (np.dtype(np.float32),) * 4 + (np.dtype(np.int64),)
+
+    def model(scale, dt=dtypes, sh=shapes):
+        return [(rng.normal(size=s) * scale).astype(d) for s, d in zip(sh, dt)]
+
+    for scale in (1e-3, 1.0, 1e3):
+        assert "fedcluster_app.core.compiled" in sys.modules      # the compiled norm first
+        sent = model(scale)
+        cached = SentModel(sent, shapes, dtypes)
+        assert cached.flat is not None
+        size = math.sqrt(8 + 4 + 8 + 2)
+        assert cached.size == size
+        assert cached.scale == max(1.0, update_norm(sent, [0.0] * 5) / size)
+        replies = [model(scale * f) for f in (0.5, 1.0, 2.0) for _ in range(30)]
+        assert [cached.update_norm(w) for w in replies] == [update_norm(w, sent) for w in replies]
+        monkeypatch.delitem(sys.modules, "fedcluster_app.core.compiled")   # a deployed server
+        assert [cached.update_norm(w) for w in replies] == [update_norm(w, sent) for w in replies]
+        monkeypatch.undo()
+    other = model(1.0, dt=(np.dtype(np.float64),) * 5)       # not the run's dtypes
+    assert SentModel(other, shapes, dtypes).flat is None
+    reply = model(1.0, dt=(np.dtype(np.float64),) * 5)
+    assert SentModel(other, shapes, dtypes).update_norm(reply) == update_norm(reply, other)
+    assert SentModel(sent, shapes[:4], dtypes).flat is None    # not the run's shapes

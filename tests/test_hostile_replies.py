@@ -287,3 +287,20 @@ def test_a_hard_assignment_keeps_the_plain_median_bound():
     after = _bounding(None, {0: 1.0, 1: 1.2, 2: 0.8, 3: 50.0})
     assert after[3] == pytest.approx(10 * 1.1)     # np.median of 4 updates: 1.1
     assert after[0] == pytest.approx(1.0)
+
+
+def test_the_median_of_equal_weights_is_numpys_median():
+    """weighted_median's sort for equal weights gives np.median's number to the last bit (odd
+    and even counts, ties, norms from 1e-5 to 1e5); unequal weights and non-finite values
+    take the weighted path."""
+    from fedcluster_app.core.strategy import weighted_median
+
+    rng = np.random.default_rng(0)
+    for k in range(3000):
+        n = int(rng.integers(1, 15))
+        values = list(np.abs(rng.normal(size=n)) * 10 ** rng.uniform(-5, 5, size=n))
+        if k % 7 == 0:
+            values[0] = values[-1]
+        assert weighted_median(values, [0.5] * n) == float(np.median(values))
+    assert weighted_median([1.0, 2.0, 10.0], [0.1, 0.1, 0.8]) == 10.0
+    assert np.isnan(weighted_median([1.0, float("nan"), 3.0], [1.0] * 3))

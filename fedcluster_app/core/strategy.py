@@ -423,7 +423,7 @@ class ClusteredStrategy(Strategy):
                    if messages else [])
         out, answered = [], set()
         norms: dict[tuple[int, int], float] = {}   # (client, model) -> update norm
-        scales: dict[int, float] = {}              # model -> its RMS weight (at least 1)
+        sent_models: dict[int, SentModel] = {}     # model -> its scale and arrays, once
         for msg in replies:
             node = msg.metadata.src_node_id
             cid, task = sent.get(node, (None, None))
@@ -434,7 +434,7 @@ class ClusteredStrategy(Strategy):
                 reply = validate_reply(msg, cid, task, self._shapes, self._dtypes,
                                        self.max_examples)
                 self._record_truth(reply)
-                norms.update(self._check_scale(reply, scales))
+                norms.update(self._check_scale(reply, sent_models))
                 self.check_reply(wire_kind, reply)
             except RejectedReply as ex:
                 self._fail(cid, f"{wire_kind} reply rejected: {ex}")
@@ -454,22 +454,22 @@ class ClusteredStrategy(Strategy):
             self.protocol.on_exchange(kind, tasks, out)
         return out
 
-    def _check_scale(self, reply: Reply, scales: dict[int, float]) -> dict[tuple[int, int], float]:
+    def _check_scale(self, reply: Reply, sent: dict[int, SentModel]
+                     ) -> dict[tuple[int, int], float]:
         """The update norm of every model the reply returns, by (client, model); RejectedReply
         for one out of all proportion to the model it started from: a root-mean-square change
         per weight above MAX_UPDATE_SCALE x the model's own (at least 1) is no training step
         (1e30 weights), whoever else answered. This also holds for a model only one or two
-        clients train, where update-norm-bound has no median to measure against. ``scales``
-        caches each model's RMS weight for the exchange."""
+        clients train, where update-norm-bound has no median to measure against. ``sent``
+        caches what the check needs of each model for the exchange."""
         norms = {}
         for mid, weights in reply.models.items():
             if mid in self.models:
-                sent = self.models[mid]
-                size = math.sqrt(sum(a.size for a in sent if a.dtype.kind == "f") or 1)
-                if mid not in scales:
-                    scales[mid] = max(1.0, update_norm(sent, [0.0] * len(sent)) / size)
-                norm = norms[reply.cid, mid] = update_norm(weights, sent)
-                change, scale = norm / size, scales[mid]
+                model = sent.get(mid)
+                if model is None:
+                    model = sent[mid] = SentModel(self.models[mid], self._shapes, self._dtypes)
+                norm = norms[reply.cid, mid] = model.update_norm(weights)
+                change, scale = norm / model.size, model.scale
                 if change > MAX_UPDATE_SCALE * scale:
                     raise RejectedReply(f"model {mid}: a change of {change:.3g} per weight, "
                                         f"{change / scale:.3g}x the model's scale (at most "
@@ -1029,9 +1029,46 @@ def update_norm(weights: Weights, sent: Weights) -> float:
     return math.sqrt(total)
 
 
+class SentModel:
+    """A model as sent in one exchange, with what checking its updates needs computed once (a
+    KUE round checks 100 returned models against 10 sent ones): its float weights' count
+    (``size``: the square root of it), its root-mean-square weight (``scale``, at least 1) and,
+    when it has the run's shapes and dtypes, its float arrays concatenated for the compiled
+    norm. Replies have been checked to have the run's shapes and cast to its dtypes, so their
+    float arrays are then this model's."""
+
+    def __init__(self, weights: Weights, shapes: tuple, dtypes: tuple | None) -> None:
+        self.weights = weights
+        self.size = math.sqrt(sum(a.size for a in weights if a.dtype.kind == "f") or 1)
+        self.scale = max(1.0, update_norm(weights, [0.0] * len(weights)) / self.size)
+        self.floats = [i for i, a in enumerate(weights) if a.dtype.kind == "f"]
+        self.flat = self.sizes = None
+        if (self.floats and dtypes is not None
+                and all(type(a) is np.ndarray for a in weights)
+                and tuple(tuple(a.shape) for a in weights) == shapes
+                and tuple(a.dtype for a in weights) == tuple(dtypes)):
+            self.flat = np.concatenate([weights[i].ravel() for i in self.floats], dtype=np.float64)
+            self.sizes = np.array([weights[i].size for i in self.floats], dtype=np.int64)
+
+    def update_norm(self, weights: Weights) -> float:
+        """``update_norm(weights, <this model>)`` for a checked reply's arrays: the same number."""
+        compiled = sys.modules.get("fedcluster_app.core.compiled")
+        if self.flat is None or compiled is None:
+            return update_norm(weights, self.weights)
+        flat = np.concatenate([weights[i].ravel() for i in self.floats], dtype=np.float64)
+        return math.sqrt(compiled.squared_distances(flat, self.flat, self.sizes))
+
+
 def weighted_median(values: list[float], weights: list[float]) -> float:
     """The smallest value at which the cumulative weight reaches half the total; the plain
     median when the weights are all equal (or none is positive)."""
+    if (values and all(map(math.isfinite, values)) and len(set(weights)) == 1
+            and math.isfinite(weights[0]) and weights[0] > 0):
+        # equal weights (every update of a hard assignment): np.median's number from a sort
+        # (the mean of the middle two, (a + b) / 2), without NumPy's calls on a dozen values
+        v = sorted(map(float, values))
+        mid = len(v) // 2
+        return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
     w = np.clip(np.asarray(weights, dtype=np.float64), 0.0, None)
     if not np.isfinite(w).all() or w.sum() <= 0 or np.all(w == w[0]):
         return float(np.median(values))

@@ -227,11 +227,15 @@ def _filled(cls: type, items) -> Any:
     return record
 
 
+_INDEX_KEYS = tuple(str(i) for i in range(64))
+
+
 def _array_record(arrays: list[Array]) -> ArrayRecord:
     """``ArrayRecord`` holding ``arrays`` under "0", "1", ...: what setting them one by one
     builds, without re-checking the keys and the arrays this package made itself (a check per
     array, hundreds per round)."""
-    record = _filled(ArrayRecord, ((str(i), a) for i, a in enumerate(arrays)))
+    keys = _INDEX_KEYS if len(arrays) <= len(_INDEX_KEYS) else map(str, range(len(arrays)))
+    record = _filled(ArrayRecord, zip(keys, arrays))
     record.__dict__["_is_dirty"] = True
     return record
 
@@ -277,8 +281,9 @@ _RECORD_TYPES = frozenset((ArrayRecord, MetricRecord, ConfigRecord))
 
 def record_dict(records: dict[str, Any]) -> RecordDict:
     """``RecordDict(records)`` for records this package built (string keys, Flower records)."""
-    if not all(type(k) is str and type(r) in _RECORD_TYPES for k, r in records.items()):
-        return RecordDict(records)
+    for key, record in records.items():
+        if type(key) is not str or type(record) not in _RECORD_TYPES:
+            return RecordDict(records)
     return _filled(RecordDict, records)
 
 
@@ -364,7 +369,8 @@ def records_of(content: RecordDict, kind: type) -> dict[str, Any]:
     what ``content.array_records`` (...) holds, without the type-checked copy Flower builds at
     every access of those properties (several per message, a measurable share of a round)."""
     return {key: record for key, record in data_of(content).items()
-            if type(record) is kind or isinstance(record, kind)}   # the exact type, on sight
+            if (type(record) is kind if type(record) in _RECORD_TYPES   # Flower's: on sight
+                else isinstance(record, kind))}
 
 
 def unpack_models(content: RecordDict) -> dict[int, list[np.ndarray]]:
