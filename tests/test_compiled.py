@@ -165,6 +165,7 @@ def test_sent_model_norms_are_update_norms(monkeypatch):
         assert [cached.update_norm(w) for w in replies] == [update_norm(w, sent) for w in replies]
         monkeypatch.delitem(sys.modules, "fedcluster_app.core.compiled")   # a deployed server
         assert [cached.update_norm(w) for w in replies] == [update_norm(w, sent) for w in replies]
+        assert SentModel(sent, shapes, dtypes).scale == cached.scale
         monkeypatch.undo()
     other = model(1.0, dt=(np.dtype(np.float64),) * 5)       # not the run's dtypes
     assert SentModel(other, shapes, dtypes).flat is None

@@ -73,7 +73,7 @@ def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], 
     ``numpy_train`` per job exactly."""
     groups: dict[tuple, list[int]] = {}
     for j, (weights, _, _, batches, *_) in enumerate(jobs):
-        key = (tuple(np.shape(w) for w in weights), batch_sizes(batches))
+        key = (tuple(map(_shape, weights)), batch_sizes(batches))
         groups.setdefault(key, []).append(j)
     out: list = [None] * len(jobs)
     for members in groups.values():
@@ -86,15 +86,15 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     from fedcluster_app.core import compiled     # Numba, loaded on first use
 
     M = len(jobs)
-    shapes = [np.shape(w) for w in jobs[0][0]]
+    shapes = [_shape(w) for w in jobs[0][0]]
     (h, d), C = shapes[0], shapes[2][0]
     # bookkeeping in Python ints: NumPy's calls on lists of four numbers cost more than the sums
     offsets = list(accumulate((math.prod(s) for s in shapes), initial=0))
     # every job's arrays one after the other are the (M, P) rows; one cast for all of them
-    flat = np.concatenate([np.ravel(w) for weights, *_ in jobs for w in weights],
+    flat = np.concatenate([_flat(w) for weights, *_ in jobs for w in weights],
                           dtype=np.float64, casting="unsafe").reshape(M, -1)
     sizes = np.array(batch_sizes(jobs[0][3]), dtype=np.int64)   # the same for every job
-    X = np.concatenate([np.reshape(x, (len(x), -1)) for _, x, *_ in jobs],
+    X = np.concatenate([np.asarray(x).reshape(len(x), -1) for _, x, *_ in jobs],
                        dtype=np.float64, casting="unsafe")
     Y = np.concatenate([y for _, _, y, *_ in jobs], dtype=np.int64, casting="unsafe")
     start = np.array(list(accumulate((len(y) for _, _, y, *_ in jobs[:-1]), initial=0)),
@@ -120,16 +120,29 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
             _store_state(state, adam, cfg.momentum, shapes, offsets, t0[k] + t, m[k], v[k], vmax[k])
     # one cast for all jobs; each job's arrays are views of its own row
     out = flat.astype(np.float32)
-    parts = list(zip(offsets[:-1], offsets[1:], shapes))
-    return [([out[k, a:b].reshape(s) for a, b, s in parts], losses[k]) for k in range(M)]
+    arrays = [out[:, a:b].reshape((M, *s)) for a, b, s in zip(offsets[:-1], offsets[1:], shapes)]
+    return [([w[k] for w in arrays], losses[k]) for k in range(M)]
+
+
+# NumPy's np.shape / np.ravel pass through its function dispatch (about a microsecond a call,
+# a few hundred calls per KUE round); the arrays' own attributes do not
+def _shape(w) -> tuple[int, ...]:
+    return w.shape if type(w) is np.ndarray else np.shape(w)
+
+
+def _flat(w) -> np.ndarray:
+    return w.ravel() if type(w) is np.ndarray else np.ravel(w)
 
 
 def _minibatch_rows(jobs: list[TrainJob], sizes: np.ndarray) -> np.ndarray:
     """Every job's minibatches as one (jobs, steps, largest batch) array of row indices; a
     step's shorter batch (an epoch's last) fills the first places."""
     if len(set(sizes.tolist())) == 1 and sizes[0] > 0:
-        return np.stack([job[3].array if isinstance(job[3], Minibatches) else np.stack(job[3])
-                         for job in jobs]).astype(np.int64, copy=False)
+        # one concatenation of the (steps, size) draws; np.stack's Python steps cost more
+        parts = [job[3].array if isinstance(job[3], Minibatches) else np.stack(job[3])
+                 for job in jobs]
+        return np.concatenate(parts, dtype=np.int64, casting="unsafe").reshape(
+            len(jobs), len(sizes), int(sizes[0]))
     rows = np.zeros((len(jobs), len(sizes), max(1, int(sizes.max(initial=0)))), dtype=np.int64)
     for k, job in enumerate(jobs):
         for s, batch in enumerate(job[3]):

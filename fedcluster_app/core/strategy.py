@@ -1040,7 +1040,6 @@ class SentModel:
     def __init__(self, weights: Weights, shapes: tuple, dtypes: tuple | None) -> None:
         self.weights = weights
         self.size = math.sqrt(sum(a.size for a in weights if a.dtype.kind == "f") or 1)
-        self.scale = max(1.0, update_norm(weights, [0.0] * len(weights)) / self.size)
         self.floats = [i for i, a in enumerate(weights) if a.dtype.kind == "f"]
         self.flat = self.sizes = None
         if (self.floats and dtypes is not None
@@ -1049,6 +1048,12 @@ class SentModel:
                 and tuple(a.dtype for a in weights) == tuple(dtypes)):
             self.flat = np.concatenate([weights[i].ravel() for i in self.floats], dtype=np.float64)
             self.sizes = np.array([weights[i].size for i in self.floats], dtype=np.int64)
+        # its norm against zeros: (0 - a)^2 is a^2, so the compiled sums give the same number
+        compiled = sys.modules.get("fedcluster_app.core.compiled")
+        own = (math.sqrt(compiled.squared_distances(np.zeros_like(self.flat), self.flat, self.sizes))
+               if self.flat is not None and compiled is not None
+               else update_norm(weights, [0.0] * len(weights)))
+        self.scale = max(1.0, own / self.size)
 
     def update_norm(self, weights: Weights) -> float:
         """``update_norm(weights, <this model>)`` for a checked reply's arrays: the same number."""
