@@ -111,16 +111,18 @@ def test_layer_gradients_keep_each_entrys_order(rows, cols):
         assert np.array_equal(g, g_ref) and np.array_equal(gb, gb_ref)
 
 
-def test_update_norm_is_the_same_number_compiled(monkeypatch):
-    """update_norm through the compiled sums equals its NumPy form to the last bit: arrays of
-    any size (NumPy's pairwise sums from 8 on), float16/32/64, int arrays skipped, empty
-    arrays, and a norm against zeros (the model's own scale)."""
+def test_update_norm_is_the_same_number_compiled():
+    """The compiled update norm (strategy.SentModel, once the compiled loops are loaded) equals
+    update_norm's NumPy form to the last bit: arrays of any size (NumPy's pairwise sums from 8
+    on), float16/32/64, int arrays skipped, empty arrays, and a norm against zeros (the
+    model's own scale)."""
+    import math
     import sys
 
-    from fedcluster_app.core.strategy import update_norm
+    from fedcluster_app.core.strategy import SentModel, update_norm
 
     rng = np.random.default_rng(0)
-    cases = []
+    assert "fedcluster_app.core.compiled" in sys.modules      # imported above
     for k in range(600):
         shapes = [tuple(rng.integers(0 if k % 11 == 0 else 1, 12, size=rng.integers(0, 3)))
                   for _ in range(rng.integers(1, 6))] + ([(300, 7)] if k % 50 == 0 else [])
@@ -130,11 +132,12 @@ def test_update_norm_is_the_same_number_compiled(monkeypatch):
         if k % 7 == 0:
             w.append(np.arange(3))
             s.append(np.arange(5, 8))
-        cases += [(w, s), (w, [0.0] * len(w))]
-    assert "fedcluster_app.core.compiled" in sys.modules      # imported above
-    fast = [update_norm(w, s) for w, s in cases]
-    monkeypatch.delitem(sys.modules, "fedcluster_app.core.compiled")
-    assert [update_norm(w, s) for w, s in cases] == fast
+        sent = SentModel(s, tuple(a.shape for a in s), tuple(a.dtype for a in s))
+        if all(type(a) is np.ndarray for a in s):              # (a 0-d draw is a NumPy scalar)
+            assert sent.flat is not None                       # the compiled sums, not NumPy's
+        assert sent.update_norm(w) == update_norm(w, s)
+        size = math.sqrt(sum(a.size for a in s if a.dtype.kind == "f") or 1)
+        assert sent.scale == max(1.0, update_norm(s, [0.0] * len(s)) / size)
 
 
 def test_sent_model_norms_are_update_norms(monkeypatch):

@@ -11,7 +11,7 @@ disk beside this file.
   algorithm, the Fisher-Yates shuffle) on a generator's raw 64-bit outputs (``core/sampling.py``);
 * ``train_mlp``: the local training of stacked one-hidden-layer MLPs (``core/kernels.py``);
 * ``squared_distances``: the squared norm of a model's update (``core/strategy.py``,
-  ``update_norm``);
+  ``SentModel``);
 * ``nearest_l1``: Fielding's full k-means assignment pass on sparse label vectors
   (``families/fielding/clustering.py``).
 
@@ -570,7 +570,8 @@ def mean_losses(picked, sizes):
 def squared_distances(a, b, sizes):
     """The sum over segments (``sizes``: the lengths of the arrays concatenated in the float64
     ``a`` and ``b``) of ``np.add.reduce((a - b) ** 2)`` over the segment, the segments' sums
-    added one after the other: ``strategy.update_norm``'s squared norm, the same number."""
+    added one after the other: ``strategy.update_norm``'s squared norm, the same number
+    (``strategy.SentModel`` calls it)."""
     buf = np.empty((1, max(sizes.max(), 1)))
     total = 0.0
     lo = 0

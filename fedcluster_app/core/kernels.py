@@ -73,7 +73,7 @@ def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], 
     ``numpy_train`` per job exactly."""
     groups: dict[tuple, list[int]] = {}
     for j, (weights, _, _, batches, *_) in enumerate(jobs):
-        key = (tuple(map(_shape, weights)), batch_sizes(batches))
+        key = (tuple(np.asarray(w).shape for w in weights), batch_sizes(batches))
         groups.setdefault(key, []).append(j)
     out: list = [None] * len(jobs)
     for members in groups.values():
@@ -86,12 +86,13 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     from fedcluster_app.core import compiled     # Numba, loaded on first use
 
     M = len(jobs)
-    shapes = [_shape(w) for w in jobs[0][0]]
+    shapes = [np.asarray(w).shape for w in jobs[0][0]]
     (h, d), C = shapes[0], shapes[2][0]
-    # bookkeeping in Python ints: NumPy's calls on lists of four numbers cost more than the sums
+    # the arrays' own shape / ravel / reshape, not np.shape & co. (NumPy's function dispatch, a
+    # microsecond a call, a few hundred calls per KUE round); bookkeeping in Python ints
     offsets = list(accumulate((math.prod(s) for s in shapes), initial=0))
     # every job's arrays one after the other are the (M, P) rows; one cast for all of them
-    flat = np.concatenate([_flat(w) for weights, *_ in jobs for w in weights],
+    flat = np.concatenate([np.asarray(w).ravel() for weights, *_ in jobs for w in weights],
                           dtype=np.float64, casting="unsafe").reshape(M, -1)
     sizes = np.array(batch_sizes(jobs[0][3]), dtype=np.int64)   # the same for every job
     X = np.concatenate([np.asarray(x).reshape(len(x), -1) for _, x, *_ in jobs],
@@ -122,16 +123,6 @@ def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], fl
     out = flat.astype(np.float32)
     arrays = [out[:, a:b].reshape((M, *s)) for a, b, s in zip(offsets[:-1], offsets[1:], shapes)]
     return [([w[k] for w in arrays], losses[k]) for k in range(M)]
-
-
-# NumPy's np.shape / np.ravel pass through its function dispatch (about a microsecond a call,
-# a few hundred calls per KUE round); the arrays' own attributes do not
-def _shape(w) -> tuple[int, ...]:
-    return w.shape if type(w) is np.ndarray else np.shape(w)
-
-
-def _flat(w) -> np.ndarray:
-    return w.ravel() if type(w) is np.ndarray else np.ravel(w)
 
 
 def _minibatch_rows(jobs: list[TrainJob], sizes: np.ndarray) -> np.ndarray:

@@ -1009,20 +1009,12 @@ MAX_UPDATE_SCALE = 1e3
 def update_norm(weights: Weights, sent: Weights) -> float:
     """Euclidean norm of ``weights - sent`` over the float arrays (in float64: 1e30 weights do
     not overflow it): each array's squares summed as ``np.sum`` sums them, the arrays' sums
-    added one after the other. Once the compiled loops are loaded (the in-process engine's
-    FedDrift-family training loads them) the sums run in one compiled call on the concatenated
-    arrays (``compiled.squared_distances``, the same number): a few NumPy calls per array cost
-    a KUE round, 100 models of 4 arrays, more than the arithmetic."""
-    pairs = [(a, b) for a, b in zip(weights, sent) if a.dtype.kind == "f"]
-    compiled = sys.modules.get("fedcluster_app.core.compiled")
-    if (compiled is not None and pairs
-            and all(type(b) is np.ndarray and b.shape == a.shape for a, b in pairs)):
-        sizes = np.array([a.size for a, _ in pairs], dtype=np.int64)
-        flat = np.concatenate([a.ravel() for a, _ in pairs], dtype=np.float64)
-        other = np.concatenate([b.ravel() for _, b in pairs], dtype=np.float64)
-        return math.sqrt(compiled.squared_distances(flat, other, sizes))
+    added one after the other. The exchange's checks compute the same number in one compiled
+    call where they can (``SentModel``)."""
     total = 0.0
-    for a, b in pairs:
+    for a, b in zip(weights, sent):
+        if a.dtype.kind != "f":
+            continue
         d = np.subtract(a, b, dtype=np.float64)   # (a - b) ** 2 summed as np.sum sums it,
         d *= d                                    # with fewer temporaries and calls (the
         total += float(np.add.reduce(d, axis=None))   # reduction d.sum() runs, directly)
@@ -1035,12 +1027,18 @@ class SentModel:
     (``size``: the square root of it), its root-mean-square weight (``scale``, at least 1) and,
     when it has the run's shapes and dtypes, its float arrays concatenated for the compiled
     norm. Replies have been checked to have the run's shapes and cast to its dtypes, so their
-    float arrays are then this model's."""
+    float arrays are then this model's.
+
+    Once the compiled loops are loaded (the in-process engine's FedDrift-family training loads
+    them) ``update_norm`` runs in one compiled call (``compiled.squared_distances``: NumPy's
+    pairwise sum per array, the arrays' sums added in order, the same number): a few NumPy calls
+    per array cost a KUE round, 100 models of 4 arrays, more than the arithmetic. Otherwise
+    (e.g. a deployed ServerApp, which never trains) NumPy's, so the server does not load Numba."""
 
     def __init__(self, weights: Weights, shapes: tuple, dtypes: tuple | None) -> None:
         self.weights = weights
-        self.size = math.sqrt(sum(a.size for a in weights if a.dtype.kind == "f") or 1)
         self.floats = [i for i, a in enumerate(weights) if a.dtype.kind == "f"]
+        self.size = math.sqrt(sum(weights[i].size for i in self.floats) or 1)
         self.flat = self.sizes = None
         if (self.floats and dtypes is not None
                 and all(type(a) is np.ndarray for a in weights)
@@ -1048,11 +1046,13 @@ class SentModel:
                 and tuple(a.dtype for a in weights) == tuple(dtypes)):
             self.flat = np.concatenate([weights[i].ravel() for i in self.floats], dtype=np.float64)
             self.sizes = np.array([weights[i].size for i in self.floats], dtype=np.int64)
-        # its norm against zeros: (0 - a)^2 is a^2, so the compiled sums give the same number
         compiled = sys.modules.get("fedcluster_app.core.compiled")
-        own = (math.sqrt(compiled.squared_distances(np.zeros_like(self.flat), self.flat, self.sizes))
-               if self.flat is not None and compiled is not None
-               else update_norm(weights, [0.0] * len(weights)))
+        if self.flat is not None and compiled is not None:
+            # its norm against zeros: (0 - a)^2 is a^2, so the compiled sums give the same number
+            zeros = np.zeros_like(self.flat)
+            own = math.sqrt(compiled.squared_distances(zeros, self.flat, self.sizes))
+        else:
+            own = update_norm(weights, [0.0] * len(weights))
         self.scale = max(1.0, own / self.size)
 
     def update_norm(self, weights: Weights) -> float:
@@ -1067,19 +1067,25 @@ class SentModel:
 def weighted_median(values: list[float], weights: list[float]) -> float:
     """The smallest value at which the cumulative weight reaches half the total; the plain
     median when the weights are all equal (or none is positive)."""
-    if (values and all(map(math.isfinite, values)) and len(set(weights)) == 1
-            and math.isfinite(weights[0]) and weights[0] > 0):
-        # equal weights (every update of a hard assignment): np.median's number from a sort
-        # (the mean of the middle two, (a + b) / 2), without NumPy's calls on a dozen values
-        v = sorted(map(float, values))
-        mid = len(v) // 2
-        return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
-    w = np.clip(np.asarray(weights, dtype=np.float64), 0.0, None)
-    if not np.isfinite(w).all() or w.sum() <= 0 or np.all(w == w[0]):
-        return float(np.median(values))
+    # the plain case (every update of a hard assignment) in Python: NumPy's calls on a dozen
+    # numbers cost more than the sort
+    clipped = [max(float(x), 0.0) for x in weights]
+    if not all(map(math.isfinite, clipped)) or sum(clipped) <= 0 or len(set(clipped)) == 1:
+        return _median(values)
+    w = np.asarray(clipped)
     order = np.argsort(values, kind="stable")
     v, w = np.asarray(values, dtype=np.float64)[order], w[order]
     return float(v[np.searchsorted(np.cumsum(w), 0.5 * w.sum())])
+
+
+def _median(values: list[float]) -> float:
+    """``np.median(values)``, the same number: the middle value, or the mean of the middle two
+    as NumPy takes it, (a + b) / 2 (NumPy itself for non-finite values or none)."""
+    if not values or not all(map(math.isfinite, values)):
+        return float(np.median(values))
+    v = sorted(map(float, values))
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def scale_update(weights: Weights, sent: Weights, factor: float) -> Weights:
