@@ -7,7 +7,8 @@ after the other), alternating which goes first. Prints per method the CPU and wa
 both, their ratio and whether the accuracies agree, then projects the grid of 220 runs
 (4 datasets x 11 methods x 5 seeds) on 2 cores from the summed CPU time: one process per core,
 so grid hours = 4 x 5 x sum(CPU per method) / 2. Each row also holds the CPU time spent inside
-the compiled trainer (``trainer_cpu_s``): the arithmetic both ways pay, the floor of a run.
+the compiled trainer (``trainer_cpu_s``) and the compiled draws of generators, bootstrap samples
+and minibatches (``draws_cpu_s``): the arithmetic both ways pay, the floor of a run.
 The per-run results (JSON lines) go to ``--out``. Targets: the grid in at most 15 minutes;
 batched at least 5x unbatched per run.
 
@@ -36,12 +37,11 @@ GRID_RUNS_PER_METHOD = 4 * 5        # datasets x seeds
 CORES = 2
 
 
-class TrainerClock:
-    """Time spent inside the compiled MLP trainer (its training loop and its loss), the
-    arithmetic every way of running a round pays: what is left of a run without it is the
-    cost of the rounds around the training."""
+class CompiledClock:
+    """CPU time spent inside some of the compiled loops (``NAMES`` of ``core/compiled.py``),
+    counted by wrapping their Python entry points."""
 
-    NAMES = ("train_mlp", "mean_losses")
+    NAMES: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         from fedcluster_app.core import compiled
@@ -60,14 +60,31 @@ class TrainerClock:
         return timed
 
 
-def measure(strategy: str, dataset: str, batch: bool, args, clock: TrainerClock) -> dict:
+class TrainerClock(CompiledClock):
+    """Time spent inside the compiled MLP trainer (its training loop and its loss), the
+    arithmetic every way of running a round pays: what is left of a run without it is the
+    cost of the rounds around the training."""
+
+    NAMES = ("train_mlp", "mean_losses")
+
+
+class DrawsClock(CompiledClock):
+    """Time spent inside the compiled draws: a client's generator per model and round, its
+    bootstrap sample and its minibatches (the same numbers NumPy's calls draw), which both ways
+    also pay."""
+
+    NAMES = ("fresh_draws", "replay", "seed_state")
+
+
+def measure(strategy: str, dataset: str, batch: bool, args, clock: TrainerClock,
+            draws: DrawsClock) -> dict:
     from fedcluster_app.engine import run_inprocess
 
     with tempfile.TemporaryDirectory() as tmp:
         args.runs_dir = tmp
         cfg = {**run_config(strategy, dataset, args.seed, args), "batch-clients": batch}
         load = os.getloadavg()[0]
-        clock.seconds = 0.0
+        clock.seconds = draws.seconds = 0.0
         wall, cpu = time.perf_counter(), time.process_time()
         summary = run_inprocess(cfg)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -75,7 +92,13 @@ def measure(strategy: str, dataset: str, batch: bool, args, clock: TrainerClock)
             "local_steps": args.local_steps, "batched": batch, "status": summary["status"],
             "acc_omit": summary.get("acc_omit"), "acc_include": summary.get("acc_include"),
             "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-            "trainer_cpu_s": round(clock.seconds, 2), "load_start": round(load, 2)}
+            "trainer_cpu_s": round(clock.seconds, 4), "draws_cpu_s": round(draws.seconds, 4),
+            "load_start": round(load, 2)}
+
+
+def grid_minutes(cpu_s: float) -> float:
+    """The grid's wall minutes from the summed CPU seconds of one run per method."""
+    return GRID_RUNS_PER_METHOD * cpu_s / CORES / 60
 
 
 def main() -> None:
@@ -95,15 +118,15 @@ def main() -> None:
 
     FLOWER_LOGGER.setLevel(logging.ERROR)
     os.environ.setdefault("FEDCLUSTER_TORCH_THREADS", "1")
-    clock = TrainerClock()
+    clock, draws = TrainerClock(), DrawsClock()
     warm = argparse.Namespace(**{**vars(args), "rounds": 1})
-    measure("feddrift", args.dataset, True, warm, clock)   # imports and data caches, not timed
+    measure("feddrift", args.dataset, True, warm, clock, draws)  # imports, data caches: not timed
     rows = []
     for i, method in enumerate(args.methods):
         strategy = PAPER[method][0]
         pair = {}
         for batch in ((True, False) if i % 2 == 0 else (False, True)):
-            pair[batch] = measure(strategy, args.dataset, batch, args, clock)
+            pair[batch] = measure(strategy, args.dataset, batch, args, clock, draws)
             rows.append(pair[batch])
             if args.out:
                 with open(args.out, "a") as fh:
@@ -113,16 +136,18 @@ def main() -> None:
         print(f"{method:16s} batched {b['cpu_s']:7.1f} s CPU ({b['wall_s']:6.1f} wall)  "
               f"one by one {u['cpu_s']:7.1f} s CPU ({u['wall_s']:6.1f} wall)  "
               f"{u['cpu_s'] / b['cpu_s']:5.2f}x  trainer {b['trainer_cpu_s']:5.1f} s  "
+              f"draws {b['draws_cpu_s']:4.1f} s  "
               f"acc {b['acc_omit']:.4f} vs {u['acc_omit']:.4f}"
               f"{'' if same else ' (differ)'}  load {b['load_start']:.1f}", flush=True)
     for batch, name in ((True, "batched"), (False, "one by one")):
         cpu = sum(r["cpu_s"] for r in rows if r["batched"] is batch)
-        grid_min = GRID_RUNS_PER_METHOD * cpu / CORES / 60
         trainer = sum(r["trainer_cpu_s"] for r in rows if r["batched"] is batch)
+        drawn = sum(r["draws_cpu_s"] for r in rows if r["batched"] is batch)
         print(f"{name:10s}: {cpu:7.1f} s CPU for the {len(args.methods)} methods; the grid of "
               f"{GRID_RUNS_PER_METHOD * len(args.methods)} runs on {CORES} cores: "
-              f"{grid_min:6.1f} min (target <= 15); of it in the compiled trainer {trainer:6.1f} s "
-              f"({GRID_RUNS_PER_METHOD * trainer / CORES / 60:.1f} min of the grid)")
+              f"{grid_minutes(cpu):6.1f} min (target <= 15); of it in the compiled trainer "
+              f"{trainer:6.1f} s and draws {drawn:5.1f} s: {grid_minutes(trainer + drawn):.1f} "
+              f"min of the grid, the rest {cpu - trainer - drawn:.1f} s")
     ratio = (sum(r["cpu_s"] for r in rows if not r["batched"])
              / sum(r["cpu_s"] for r in rows if r["batched"]))
     print(f"batched vs one by one over the methods: {ratio:.2f}x (target >= 5x); load average "

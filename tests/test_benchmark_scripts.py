@@ -39,6 +39,9 @@ def test_grid_script_measures_both_ways(tmp_path):
     got = [json.loads(line) for line in rows.read_text().splitlines()]
     assert sorted(r["batched"] for r in got) == [False, True]
     assert got[0]["acc_omit"] == got[1]["acc_omit"] and got[0]["status"] == "completed"
+    # the compiled arithmetic is clocked: the trainer's and the draws' share of each run
+    assert all(0 < r["trainer_cpu_s"] + r["draws_cpu_s"] <= r["cpu_s"] for r in got)
+    assert all(r["draws_cpu_s"] > 0 for r in got)
 
 
 def test_round_profile_script_splits_a_run_into_parts(tmp_path):
