@@ -18,7 +18,9 @@ disk beside this file.
 Each states NumPy's arithmetic operation by operation, so that they give the numbers NumPy
 gives: the same draws; for the MLP, the same IEEE operations in the same order (products summed
 with fused multiply-adds one term after the other, as OpenBLAS's double-precision kernels do;
-NumPy's orders for sums over an axis; libm's ``exp``).
+NumPy's orders for sums over an axis; libm's ``exp`` and ``log``). libm's are NumPy's own on
+processors without AVX-512; on those with it NumPy runs vectorised ``exp`` and ``log`` of its
+own, which can differ in the last bit, and the compiled trainer still gives libm's numbers.
 """
 
 from __future__ import annotations
@@ -389,7 +391,8 @@ def _layer_gradients(delta, inputs, n, g, gb):
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _shifted_exp(p, top, C, n):
-    """p[c, i] = exp(p[c, i] - top[i]) for the first n samples (libm's ``exp``, as NumPy's).
+    """p[c, i] = exp(p[c, i] - top[i]) for the first n samples (libm's ``exp``: NumPy's on
+    processors without AVX-512, module docstring).
     With two classes one call per sample: ``top`` is the larger score, so that class's
     difference is +0 and exp(+0) = 1 exactly (the exp calls were a third of the trainer)."""
     if C == 2:
