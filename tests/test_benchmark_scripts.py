@@ -50,6 +50,15 @@ def test_grid_script_measures_both_ways(tmp_path):
     assert all(r["trainer_cpu_s"] + r["draws_cpu_s"] <= r["cpu_s"] for r in got)
 
 
+def test_model_exchange_script_times_the_three_cases(tmp_path):
+    rows = tmp_path / "exchange.jsonl"
+    out = _run("bench_model_exchange.py", "--repeats", "1", "--jsonl", str(rows))
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert [r["case"] for r in got] == ["layer arrays", "one flat array", "no model"]
+    assert all(r["us_per_reply_min"] > 0 and r["clients"] == 10 for r in got)
+    assert "layer arrays vs one flat array" in out
+
+
 def test_round_profile_script_splits_a_run_into_parts(tmp_path):
     rows = tmp_path / "profile.jsonl"
     out = _run("feddrift_round_profile.py", "--method", "KUE", "--rounds", "2",
