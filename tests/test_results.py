@@ -219,6 +219,7 @@ def test_nan_accuracy_is_written_as_null(tmp_path):
         ({"bytes_up": -3}, "bytes_up"),
         ({"ari": 2.0}, "ari"),
         ({"accuracy": "0.9"}, "accuracy"),
+        ({"train_loss": "0.3"}, "train_loss"),
     ],
 )
 def test_log_round_rejects_bad_values(tmp_path, change, match):
@@ -659,6 +660,9 @@ def test_format_round_line_missing_parts_and_extras():
         {"round": 1, "num_clusters": 2, "models_allocated": 2, "ari": 0.5}, 5)
     assert re.fullmatch(r"\[round\s+2/9\] acc 0\.250", format_round_line(
         {"round": 2, "accuracy": 0.25}, 9))
+    assert "acc 0.250 | train loss 0.123 | clusters 2" in format_round_line(
+        {"round": 2, "accuracy": 0.25, "train_loss": 0.1234, "num_clusters": 2}, 9)
+    assert "loss" not in format_round_line({"round": 2, "train_loss": None}, 9)
 
 
 def test_long_runs_get_a_progress_bar_on_their_round_lines():

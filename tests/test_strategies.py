@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from fedcluster_app.api import STRATEGIES
+from fedcluster_app.core.messages import Reply
 from fedcluster_app.core.results import load_run
+from fedcluster_app.core.strategy import ClusteredStrategy
 from fedcluster_app.engine import run_inprocess
 
 FOUNDATION = ("fedavg", "fedprox", "ifca", "oracle", "local")
@@ -30,6 +32,8 @@ def test_every_strategy_runs_end_to_end(strategy, fast_config):
     assert all(r["accuracy"] is None or 0.0 <= r["accuracy"] <= 1.0 for r in rounds)
     assert any(r["accuracy"] is not None for r in rounds)
     assert all(r["failures"] == 0 for r in rounds)
+    # every family's training replies report the loss they trained on
+    assert all(r["train_loss"] > 0 for r in rounds if r["trained_clients"])
     assert disk["ari_final"] is not None
     assert (out / "checkpoint.npz").is_file()
     # a clustered model is better than chance (4 classes)
@@ -41,6 +45,31 @@ def test_fedavg_keeps_one_model_and_counts_bytes(fast_config):
     assert {r["num_clusters"] for r in rounds} == {1}
     # each round: 10 clients get the model for training and for evaluation, 10 send it back
     assert all(r["bytes_down"] == 2 * r["bytes_up"] > 0 for r in rounds)
+
+
+def test_the_training_loss_falls_until_the_drift_raises_it(fast_config):
+    _, rounds = load_run(Path(run_inprocess(fast_config(strategy="fedavg"))["out_dir"]))
+    loss = [r["train_loss"] for r in rounds]
+    # steps 1-2 (rounds 1-4) are one concept; half the clients' labels swap at step 3 (round 5)
+    assert loss[0] > loss[1] > loss[2] > loss[3]
+    assert loss[4] > 2 * loss[3]
+
+
+def test_the_round_training_loss_is_the_example_weighted_mean_of_the_reports():
+    def reply(cid, metrics, per_model=None):
+        return Reply(cid, metrics, model_metrics=per_model or {})
+
+    replies = [reply(0, {"num-examples": 10, "train-loss": 1.0}),            # one per reply
+               reply(1, {"num-examples": 30},                                # one per model
+                     {0: {"num-examples": 30, "train-loss": 2.0},
+                      1: {"num-examples": 20, "train-loss": 0.5}}),
+               reply(2, {"num-examples": 40})]                               # reports none
+    assert ClusteredStrategy.train_loss(replies) == pytest.approx((10 + 60 + 10) / 60)
+    assert ClusteredStrategy.train_loss(replies[2:]) is None
+    assert ClusteredStrategy.train_loss([]) is None
+    # a huge (finite, so accepted) report from a hostile client: recorded as null, not inf
+    huge = [reply(0, {"num-examples": 10 ** 6, "train-loss": 1e308})] * 2
+    assert ClusteredStrategy.train_loss(huge) is None
 
 
 def test_local_strategy_sends_no_model(fast_config):

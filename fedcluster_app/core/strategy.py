@@ -380,6 +380,24 @@ class ClusteredStrategy(Strategy):
                 updates.setdefault(mid, []).append((weights, float(n)))
         return updates
 
+    @staticmethod
+    def train_loss(replies: list[Reply]) -> float | None:
+        """The round's training loss: the losses the training replies report (one per model
+        trained, or one per reply), averaged with their num-examples as weights, as Flower's
+        strategies average ``train_loss``; None when no reply reports one. A diagnostic only:
+        no decision reads it, and a total that overflows is recorded as None."""
+        total = weight = 0.0
+        for r in replies:
+            reports = [m for m in r.model_metrics.values() if P.TRAIN_LOSS in m]
+            if not reports and P.TRAIN_LOSS in r.metrics:
+                reports = [r.metrics]
+            for m in reports:
+                n = float(m.get(P.NUM_EXAMPLES, r.num_examples))
+                total += n * float(m[P.TRAIN_LOSS])
+                weight += n
+        mean = total / weight if weight > 0 else None
+        return mean if mean is not None and math.isfinite(mean) else None
+
     def query(
         self,
         grid: Grid,
@@ -707,7 +725,7 @@ class ClusteredStrategy(Strategy):
         for r in self._records:
             rnd = r["round"]
             out.train_metrics_clientapp[rnd] = numbers(
-                r, ("trained_clients", "bytes_up", "bytes_down", "failures"))
+                r, ("trained_clients", "train_loss", "bytes_up", "bytes_down", "failures"))
             if r.get("accuracy") is not None or r.get("accuracy_current") is not None:
                 out.evaluate_metrics_clientapp[rnd] = numbers(
                     r, ("accuracy", "weighted_accuracy", "global_accuracy", "ari", "acc_omit",
@@ -824,6 +842,7 @@ class ClusteredStrategy(Strategy):
             record.update(
                 **clustering,
                 trained_clients=len(replies),
+                train_loss=self.train_loss(replies),
                 round_time_s=round(time.monotonic() - t_round, 4),
                 **self._round_stats,
                 **metrics,

@@ -38,7 +38,8 @@ def format_round_line(record: dict, total_rounds: int) -> str:
     Parts whose value is missing or null are left out; ``drift <n>`` and ``fail <n>`` appear
     only when positive; ``clusters`` counts the clusters in use, followed by ``(<n> models)``
     when the server holds another number of models; with ``score-next-step``, ``current``
-    (where it is not ``acc``) and ``next``. ``total_rounds`` <= 0 or None leaves out the
+    (where it is not ``acc``) and ``next``; ``train loss`` after them when the round's
+    training replies reported one. ``total_rounds`` <= 0 or None leaves out the
     ``/total``.
     """
     record = {k: _scalar(v) for k, v in record.items()}
@@ -66,6 +67,9 @@ def format_round_line(record: dict, total_rounds: int) -> str:
     glob = record.get("global_accuracy")
     if is_number(glob) and math.isfinite(glob):
         parts.append(f"global {glob:.3f}")
+    loss = record.get("train_loss")
+    if is_number(loss) and math.isfinite(loss):
+        parts.append(f"train loss {loss:.3f}")
     k, allocated = record.get("num_clusters"), record.get("models_allocated")
     if k is not None:
         parts.append(f"clusters {k}" + (f" ({allocated} models)"

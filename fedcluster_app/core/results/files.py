@@ -121,6 +121,9 @@ def check_round_record(rec: Any, where: str) -> None:
     v = rec.get("round_time_s")
     if v is not None and (not is_number(v) or v < 0):
         raise ValueError(f"{where}: 'round_time_s' must be a non-negative number, got {v!r}")
+    v = rec.get("train_loss")
+    if v is not None and not is_number(v):
+        raise ValueError(f"{where}: 'train_loss' must be null or a number, got {v!r}")
 
 
 def normalise_counts(rec: dict) -> None:

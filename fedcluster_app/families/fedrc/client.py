@@ -101,9 +101,11 @@ def train(client: StreamClient, config: dict, models: Models):
     trained = {mid: models[mid] for mid in ids}
     trained.update({ids[j]: r.weights for j, r in zip(active, results)})
     per_model = {mid: {P.NUM_EXAMPLES: len(y)} for mid in ids}
-    metrics = {P.NUM_EXAMPLES: len(y), OMEGA_REPLY: new_omega.tolist(),
-               MASS: mass.ravel().tolist(), P.LOSSES: losses.mean(axis=0).tolist(),
-               P.MODEL_IDS: ids}
+    # each model's loss is weighted by its responsibilities, so their sum is the objective the
+    # client's step minimised (sum_j mean_i gamma_ij * loss_ij)
+    metrics = {P.NUM_EXAMPLES: len(y), P.TRAIN_LOSS: sum(r.loss for r in results),
+               OMEGA_REPLY: new_omega.tolist(), MASS: mass.ravel().tolist(),
+               P.LOSSES: losses.mean(axis=0).tolist(), P.MODEL_IDS: ids}
     return metrics, trained, per_model
 
 
