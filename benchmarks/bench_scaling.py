@@ -22,6 +22,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from raw_rows import processor  # noqa: E402
 
 CHILD = r"""
 import json, logging, resource, statistics, sys, tempfile, time
@@ -82,7 +85,7 @@ def main() -> None:
         with open(args.out, "a") as fh:
             for r in rows:
                 fh.write(json.dumps({**r, "load_start": round(load0, 2),
-                                     "load_end": round(load1, 2)}) + "\n")
+                                     "load_end": round(load1, 2), **processor()}) + "\n")
 
 
 if __name__ == "__main__":

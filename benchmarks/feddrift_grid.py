@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from feddrift_reproduce import PAPER, TABLE2, run_config  # noqa: E402
+from raw_rows import processor  # noqa: E402
 
 GRID_RUNS_PER_METHOD = 4 * 5        # datasets x seeds
 CORES = 2
@@ -120,7 +121,7 @@ def measure(strategy: str, dataset: str, batch: bool, args, clock: TrainerClock,
             "acc_omit": summary.get("acc_omit"), "acc_include": summary.get("acc_include"),
             "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
             "trainer_cpu_s": round(clock.seconds, 4), "draws_cpu_s": round(draws.seconds, 4),
-            "load_start": round(load, 2)}
+            "load_start": round(load, 2), **processor()}
 
 
 def grid_minutes(cpu_s: float) -> float:

@@ -52,7 +52,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 from fielding_common import record
-from raw_rows import write_rows
+from raw_rows import processor, write_rows
 
 from fedcluster_app.families.fielding import clustering as core  # noqa: E402
 
@@ -191,7 +191,7 @@ def main() -> None:
         med, med_cpu = float(np.median(times)), float(np.median(recl_cpu[name]))
         rows.append(record(
             args.seed, name, {**config, "engine": dict(engines[name])}, None, secs,
-            load_start=list(avg_start), load_end=list(avg_end),
+            load_start=list(avg_start), load_end=list(avg_end), **processor(),
             moves_trigger_s=moves, moves_trigger_cpu_s=moves_c, reclustering_s=med,
             reclustering_cpu_s=med_cpu, step_s=moves + med, step_cpu_s=moves_c + med_cpu,
             target_s=args.target, step_ratio_to_target=(moves + med) / args.target,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 
 
 def load_average() -> list[float]:
@@ -19,8 +20,25 @@ def load_average() -> list[float]:
 
 def machine(load_start: list[float]) -> dict:
     """The fields every timing row carries: the load at its start (taken by the caller before
-    measuring) and now, and the cores."""
-    return {"load_start": load_start, "load_end": load_average(), "cores": os.cpu_count()}
+    measuring) and now, the cores and the processor (the project's machines change between
+    sessions, and a timing compares only with timings of the same processor)."""
+    return {"load_start": load_start, "load_end": load_average(), "cores": os.cpu_count(),
+            **processor()}
+
+
+def processor() -> dict:
+    """The processor's model name and whether it has AVX-512 (NumPy then uses its own
+    vectorised exp and log, which can differ from libm's in the last bit), from Linux's
+    /proc/cpuinfo; else the architecture Python reports."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info = dict(line.split(":", 1) for line in fh.read().split("\n\n")[0].splitlines()
+                        if ":" in line)
+    except OSError:
+        return {"cpu": platform.machine()}
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    return {"cpu": info.get("model name", platform.machine()),
+            "avx512": "avx512f" in info.get("flags", "").split()}
 
 
 def write_rows(path: str, rows: list[dict], sort_keys: bool = False, append: bool = False) -> None:
