@@ -206,7 +206,8 @@ def test_a_memory_budget_splits_the_batch_without_changing_results(monkeypatch):
     real = batched._torch_stacked
     monkeypatch.setattr(batched, "_torch_stacked", lambda js: calls.append(len(js)) or real(js))
     whole = run_jobs_batched(jobs)
-    monkeypatch.setattr(batched, "BATCH_BYTES", (50 + 60 + 70 + 80) * 5 * 4)   # 4 jobs' inputs
+    each = batched.stacked_job_bytes(SPEC, cfg)       # parameters, state and activations
+    monkeypatch.setattr(batched, "BATCH_BYTES", (50 + 60 + 70 + 80) * 5 * 4 + 4 * each)  # 4 jobs
     split = run_jobs_batched(jobs)
     assert calls == [5, 4]          # the fifth job trains alone
     assert _gap(whole, split) < 1e-6
@@ -227,3 +228,53 @@ def test_the_numpy_kernel_splits_by_memory_bit_for_bit(monkeypatch):
     assert calls == [5, 2, 2, 1]
     assert _gap(whole, split) == 0.0
     assert _gap(whole, run_jobs(jobs)) == 0.0
+
+
+def test_a_job_counts_its_model_state_and_activations_in_the_memory_budget():
+    from fedcluster_app.core import batched
+
+    adam = TrainConfig(optimizer="adam", batch_size=16)
+    sgd = TrainConfig(optimizer="sgd", batch_size=16)
+    params = batched._parameter_bytes(SPEC)
+    assert params == 4 * (5 * 8 + 8 + 8 * 3 + 3)
+    # the parameters, their gradients and Adam's three states (amsgrad) against SGD's one
+    assert batched.stacked_job_bytes(SPEC, adam) - batched.stacked_job_bytes(SPEC, sgd) == 2 * params
+    prox = TrainConfig(optimizer="sgd", batch_size=16, prox_mu=0.1)
+    assert batched.stacked_job_bytes(SPEC, prox) - batched.stacked_job_bytes(SPEC, sgd) == params
+    # what a minibatch keeps for the backward pass grows with its rows; a CNN keeps its
+    # feature maps, many times its inputs
+    a = [batched.activation_bytes(SPEC, rows) for rows in (16, 32, 48)]
+    assert a[0] < a[1] < a[2] and a[2] - a[1] == a[1] - a[0] >= 16 * (8 + 3) * 4
+    cnn = ModelSpec(kind="cnn", input_shape=(1, 28, 28), num_classes=10)
+    assert batched.activation_bytes(cnn, 32) > 10 * 32 * 28 * 28 * 4
+
+
+def test_a_stacked_program_out_of_gpu_memory_splits_in_halves(monkeypatch):
+    import torch
+
+    from fedcluster_app.core import batched
+
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, local_steps=10, batch_size=16)
+    jobs = _jobs(cfg, [50, 60, 70, 80, 90, 55, 65, 75])
+    whole = run_jobs_batched(jobs)
+    calls, real = [], batched._torch_stacked
+
+    def small_gpu(js):      # a device on which at most four jobs fit at once
+        calls.append(len(js))
+        if len(js) > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(js)
+
+    monkeypatch.setattr(batched, "_torch_stacked", small_gpu)
+    monkeypatch.setattr(batched.torch.cuda, "empty_cache", lambda: None)
+    split = run_jobs_batched(jobs)
+    assert calls == [8, 4, 4]
+    assert _gap(whole, split) < 1e-6
+
+    def no_room(js):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(batched, "_torch_stacked", no_room)
+    monkeypatch.setattr(batched, "chunk_pays", lambda steps: True)
+    with pytest.raises(torch.OutOfMemoryError):   # not even one job fits: the error stands
+        run_jobs_batched(jobs[:1] * 2)

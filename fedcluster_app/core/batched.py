@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -48,6 +49,7 @@ from fedcluster_app.core.training import (
     as_tensor,
     local_train,
     make_optimizer,
+    minibatches_on,
 )
 
 
@@ -121,10 +123,10 @@ def run_jobs_batched(jobs: Sequence[FitJob]) -> list[FitResult]:
                 for k, (weights, loss) in zip(chunk, done):
                     results[k] = FitResult(weights, loss)
         elif _stackable(group[0].spec, group[0].device) and group[0].optimizer_state is None:
-            for chunk in _chunks(steps, [np.asarray(j.x).size * 4 for j in group], BATCH_BYTES):
-                done = (_torch_stacked([group[k] for k in chunk])
-                        if chunk_pays([steps[k] for k in chunk])
-                        else [_torch_one(group[k]) for k in chunk])
+            each = stacked_job_bytes(group[0].spec, group[0].cfg)
+            nbytes = [np.asarray(j.x).size * 4 + each for j in group]
+            for chunk in _chunks(steps, nbytes, memory_budget(group[0].device)):
+                done = _stacked_or_split([group[k] for k in chunk])
                 for k, result in zip(chunk, done):
                     results[k] = result
         else:
@@ -140,9 +142,15 @@ def run_jobs_batched(jobs: Sequence[FitJob]) -> list[FitResult]:
 BATCHED_STEP_COST = 3.0
 
 
-#: the data one stacked program copies together (PyTorch: every job's inputs in float32;
-#: the NumPy kernel: every job's minibatches in float64)
+#: what one stacked program may hold on the CPU (PyTorch: every job's inputs in float32, its
+#: parameters, gradients and optimizer state, and what its minibatch's forward pass keeps for
+#: the backward pass; the NumPy kernel: every job's minibatches in float64)
 BATCH_BYTES = 256 << 20
+
+#: on a GPU a stacked program may hold this share of the memory free when its group starts;
+#: the estimate of a job's bytes leaves out the framework's workspaces, and a program that
+#: still does not fit splits itself in halves (``_stacked_or_split``)
+GPU_MEMORY_SHARE = 0.5
 
 
 #: the NumPy kernel's calls take jobs up to this many bytes of gathered minibatches: a KUE
@@ -167,6 +175,65 @@ def _chunks(steps: list[int], nbytes: list[int], limit: int) -> list[list[int]]:
             chunks.append([j])
             size = nbytes[j]
     return chunks
+
+
+def memory_budget(device: str) -> int:
+    """Bytes a stacked program may hold on ``device``."""
+    if not str(device).startswith("cuda"):
+        return BATCH_BYTES
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return max(BATCH_BYTES, int(GPU_MEMORY_SHARE * free))
+
+
+#: float32 copies of the parameters one job keeps in a stacked program besides the
+#: parameters themselves: the gradients, and the optimizer's state (Adam with amsgrad: 3)
+_OPTIMIZER_COPIES = {"adam": 3, "sgd": 1}
+
+
+def stacked_job_bytes(spec: ModelSpec, cfg: TrainConfig) -> int:
+    """What one job adds to a stacked program besides its inputs: its parameters, their
+    gradients, the optimizer's state and a proximal anchor, and the activations one minibatch
+    keeps for the backward pass."""
+    copies = 2 + _OPTIMIZER_COPIES.get(cfg.optimizer, 3) + (1 if cfg.prox_mu > 0 else 0)
+    return copies * _parameter_bytes(spec) + activation_bytes(spec, cfg.batch_size)
+
+
+@lru_cache(maxsize=32)
+def _parameter_bytes(spec: ModelSpec) -> int:
+    return sum(p.numel() * p.element_size() for p in cached_model(spec, "cpu").parameters())
+
+
+@lru_cache(maxsize=32)
+def activation_bytes(spec: ModelSpec, batch_size: int) -> int:
+    """Bytes the forward pass of one minibatch keeps for its backward pass (and its output),
+    counted on the CPU: the same tensors of the same sizes as on any device."""
+    model = cached_model(spec, "cpu").train()
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += t.numel() * t.element_size()
+        return t
+
+    x = torch.zeros((batch_size, *spec.input_shape))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+    return saved + out.numel() * out.element_size()
+
+
+def _stacked_or_split(jobs: list[FitJob]) -> list[FitResult]:
+    """The jobs as one stacked program when it pays, else one by one; a program that runs
+    out of GPU memory splits in halves (each job's arithmetic is its own either way)."""
+    if not chunk_pays([len(j.batches) for j in jobs]):
+        return [_torch_one(job) for job in jobs]
+    try:
+        return _torch_stacked(jobs)
+    except torch.OutOfMemoryError:
+        if len(jobs) == 1:
+            raise
+    torch.cuda.empty_cache()
+    half = len(jobs) // 2
+    return _stacked_or_split(jobs[:half]) + _stacked_or_split(jobs[half:])
 
 
 def chunk_pays(steps: list[int]) -> bool:
@@ -235,20 +302,18 @@ def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
     model.train()
     total = torch.zeros(J, dtype=torch.float64, device=dev)
     steps = [len(j.batches) for j in jobs]
+    plan = _StepPlan([j.batches for j in jobs], offsets, dev)
     final: list[list[np.ndarray] | None] = [None] * J
     for s in range(steps[0]):
         a = sum(1 for n in steps if n > s)                 # jobs still training: 0..a-1
-        rows, mask = _minibatch_rows([j.batches[s] for j in jobs[:a]], offsets[:a])
-        rows_t = torch.from_numpy(rows).to(dev)
+        rows_t, mask, count = plan.step(s)
         live = {n: p[:a] for n, p in params.items()}
         opt.zero_grad(set_to_none=True)
         if mask is None and W is None:
             losses = plain(live, X[rows_t], Y[rows_t], None, None)
         else:
-            wb = torch.from_numpy(mask if mask is not None else np.ones(rows.shape, np.float32))
-            wb = wb.to(dev) if W is None else wb.to(dev) * W[rows_t]
-            count = torch.from_numpy(np.array([len(j.batches[s]) for j in jobs[:a]],
-                                              dtype=np.float32)).to(dev)
+            wb = torch.ones(rows_t.shape, device=dev) if mask is None else mask
+            wb = wb if W is None else wb * W[rows_t]
             losses = weighted(live, X[rows_t], Y[rows_t], wb, count)
         total[:a] += losses.detach().double()
         loss = losses.sum()
@@ -257,9 +322,11 @@ def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
                                                   for n in names)
         loss.backward()
         opt.step()
-        for j in range(a):
-            if steps[j] == s + 1:                          # its last step: keep its weights
-                final[j] = [params[n][j].detach().cpu().numpy().copy() for n in names]
+        done = sum(1 for n in steps if n > s + 1)          # jobs done..a-1 end at this step
+        if done < a:     # their weights, one copy per parameter for the whole block
+            block = [params[n][done:a].detach().cpu().numpy() for n in names]
+            for j in range(done, a):
+                final[j] = [b[j - done].copy() for b in block]
     mean_loss = (total / torch.tensor(steps, dtype=torch.float64, device=dev)).cpu().numpy()
     # get_weights order is the state dict's: the parameters, as there are no buffers
     results = [FitResult(final[j], float(mean_loss[j])) for j in range(J)]  # type: ignore[arg-type]
@@ -267,6 +334,41 @@ def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
     for j, r in zip(order, results):
         out[j] = r
     return out  # type: ignore[return-value]
+
+
+class _StepPlan:
+    """Every step's rows of the stacked data, padding masks and minibatch sizes, made on the
+    host and copied to the device in one transfer each (a copy per step would make the host
+    wait for the GPU at every step)."""
+
+    def __init__(self, batches: list[list[np.ndarray]], offsets: np.ndarray, dev: str) -> None:
+        steps = [len(b) for b in batches]
+        rows, masks, counts = [], [], []
+        for s in range(max(steps)):
+            a = sum(1 for n in steps if n > s)
+            step_rows, mask = _minibatch_rows([b[s] for b in batches[:a]], offsets[:a])
+            rows.append(step_rows)
+            masks.append(mask)
+            counts.append(np.array([len(b[s]) for b in batches[:a]], dtype=np.float32))
+        self._rows = _split_on(rows, np.int64, dev)
+        ragged = [s for s, m in enumerate(masks) if m is not None]
+        on_dev = _split_on([masks[s] for s in ragged], np.float32, dev)
+        self._masks: list[torch.Tensor | None] = [None] * len(masks)
+        for s, m in zip(ragged, on_dev):
+            self._masks[s] = m
+        self._counts = _split_on(counts, np.float32, dev)
+
+    def step(self, s: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        return self._rows[s], self._masks[s], self._counts[s]
+
+
+def _split_on(arrays: list[np.ndarray], dtype, dev: str) -> list[torch.Tensor]:
+    """The arrays on ``dev`` after one copy of their concatenation, each in its own shape."""
+    if not arrays:
+        return []
+    flat = np.concatenate([np.asarray(a, dtype).ravel() for a in arrays])
+    parts = torch.from_numpy(flat).to(dev).split([a.size for a in arrays])
+    return [t.view(a.shape) for t, a in zip(parts, arrays)]
 
 
 def _minibatch_rows(batches: list[np.ndarray], offsets: np.ndarray

@@ -119,18 +119,19 @@ def local_train(
     if cfg.prox_mu > 0:
         anchor = ([p.detach().clone() for p in model.parameters()] if prox_center is None
                   else [as_tensor(a, device=dev) for a in prox_center])
-    total = 0.0
     if batches is None:
         batches = batch_indices(len(yt), cfg, rng)
-    for idx in batches:
-        idx_t = torch.from_numpy(idx).to(dev)
+    # the losses add up where they are computed, in float64 (the same sums as Python floats):
+    # reading each one back would make the host wait for the GPU at every step
+    total = torch.zeros((), dtype=torch.float64, device=dev)
+    for idx_t in minibatches_on(batches, dev):
         opt.zero_grad(set_to_none=True)
         if wt is None:
             loss = F.cross_entropy(model(xt[idx_t]), yt[idx_t])
         else:
             per_sample = F.cross_entropy(model(xt[idx_t]), yt[idx_t], reduction="none")
             loss = (wt[idx_t] * per_sample).mean()
-        total += float(loss.detach())
+        total += loss.detach().double()
         if anchor is not None:
             prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
             loss = loss + 0.5 * cfg.prox_mu * prox
@@ -139,7 +140,20 @@ def local_train(
     if optimizer_state is not None:
         optimizer_state.clear()
         optimizer_state.update(optimizer_state_arrays(opt))
-    return total / max(len(batches), 1)
+    return float(total) / max(len(batches), 1)
+
+
+def minibatches_on(batches: list[np.ndarray], device: torch.device | str) -> list[torch.Tensor]:
+    """Every minibatch's row indices on ``device``, copied there in one transfer (a copy per
+    step would make the host wait for the GPU at every step)."""
+    if not len(batches):
+        return []
+    array = getattr(batches, "array", None)      # sampling.Minibatches: already one array
+    if array is not None:
+        return list(torch.from_numpy(np.ascontiguousarray(array, np.int64)).to(device))
+    sizes = [len(b) for b in batches]
+    flat = torch.from_numpy(np.concatenate([np.asarray(b, np.int64) for b in batches]))
+    return list(flat.to(device).split(sizes))
 
 
 #: an optimizer's per-parameter state as arrays: ``"<parameter index>.<name>"`` -> array, the
