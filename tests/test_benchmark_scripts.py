@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -76,3 +78,45 @@ def _parts():
     import feddrift_round_profile
 
     return feddrift_round_profile.PARTS
+
+
+def test_gpu_check_runs_on_the_cpu(tmp_path):
+    """The GPU check with the CPU in the GPU's place: every section but Ray's (the slow test
+    below) writes its rows, each family's paper run completes on both sides and equals itself,
+    and the clients' module calls are counted on the device they ran on."""
+    rows = tmp_path / "gpu.jsonl"
+    out = _run("bench_gpu.py", "--device", "cpu", "--quick", "--budget-s", "400",
+               "--sections", "env", "families", "scaling", "endtoend", "--jsonl", str(rows))
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    by = {}
+    for r in got:
+        by.setdefault(r["section"], []).append(r)
+    assert by["env"][0]["device"] == "cpu" and by["env"][0]["gpu"] == "none"
+    fam = by["families"]
+    assert {r["name"].split("/")[0] for r in fam} >= {
+        "feddrift", "fielding", "flexcfl", "fedrc", "fedccfa"}
+    assert all(r["status"] == "completed" for r in fam), [r for r in fam if r["status"] != "completed"]
+    assert all(r["verdict"] in ("equal", "repeat equal") for r in fam)
+    assert any(r["name"].endswith("#again") for r in fam)
+    # on the CPU every client module call takes CPU inputs, and FedDrift's MLP the NumPy kernel
+    assert all(r["forwards_gpu"] == 0 for r in fam)
+    assert next(r for r in fam if r["name"] == "fedccfa/fedccfa")["forwards_cpu"] > 0
+    assert next(r for r in fam if r["name"] == "feddrift/feddrift")["kernel_jobs"] > 0
+    sc = by["scaling"]
+    assert {(r["model"], r["mode"]) for r in sc} == {
+        (m, mode) for m in ("cnn", "resnet") for mode in ("batched", "one-by-one")}
+    assert all(r["status"] == "ok" and r["round_s"] > 0 for r in sc)
+    assert {r["measured"] for r in sc if r["mode"] == "one-by-one"} == {4}   # the rest projected
+    (e2e,) = by["endtoend"]
+    assert e2e["status"] == "completed" and len(e2e["round_s"]) == 3
+    assert "families (" in out and "scaling:" in out
+
+
+@pytest.mark.slow
+def test_gpu_check_ray_section_runs_on_the_cpu(tmp_path):
+    rows = tmp_path / "ray.jsonl"
+    _run("bench_gpu.py", "--device", "cpu", "--quick", "--budget-s", "900", "--sections", "ray",
+         "--jsonl", str(rows))
+    (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert row["profile"] == "cpu" and row["status"] == "ok", row
+    assert len(row["round_s"]) == 4 and row["gpu_pids"] == 0
