@@ -181,8 +181,18 @@ class ClientWatch:
             if self.inside and inputs and isinstance(inputs[0], torch.Tensor):
                 self.counts["gpu" if inputs[0].is_cuda else "cpu"] += 1
 
+        real_probe = batched._forward_probe
+
+        def probe(*a):   # the size probe of a stacked program runs on the CPU by design
+            inside, self.inside = self.inside, False
+            try:
+                return real_probe(*a)
+            finally:
+                self.inside = inside
+
         engine.handle_many = handle_many
         batched.kernels.numpy_train_many = kernel
+        batched._forward_probe = probe
         torch.nn.modules.module.register_module_forward_pre_hook(hook)
 
     def take(self) -> dict:
@@ -200,9 +210,12 @@ def child_families(args, out: str) -> None:
     quiet()
     watch = ClientWatch()
     deadline = time.monotonic() + args.budget_s
-    runs = family_runs(args.quick)
-    repeat = next((name for name, cfg in runs if cfg.get("scenario") == "digits-ccfa"), None)
-    for name, cfg in runs + ([(repeat + "#again", dict(runs)[repeat])] if repeat else []):
+    runs = [(n, c) for n, c in family_runs(args.quick)
+            if not args.runs or n.startswith(tuple(args.runs))]
+    again = [(n, c) for n, c in runs if args.repeat_all or c.get("scenario") == "digits-ccfa"]
+    if args.on == "cpu" and args.device != "cpu":
+        again = []                       # run-to-run determinism is checked on the device
+    for name, cfg in runs + [(n + "#again", c) for n, c in again[: None if args.repeat_all else 1]]:
         if time.monotonic() > deadline:
             emit(out, {"name": name, "on": args.on, "status": "skipped: out of time"})
             continue
@@ -241,7 +254,7 @@ def section_families(args, out: str) -> None:
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "--child", "families", "--on", on, "--device", args.device,
              "--budget-s", str(args.budget_s * 0.9), "--work", str(work), "--rows", str(sides[on]),
-             *(["--quick"] if args.quick else [])], env=child_env(args)))
+             *child_flags(args)], env=child_env(args)))
     for proc in procs:
         try:
             proc.wait(timeout=args.budget_s)
@@ -322,8 +335,10 @@ def child_scaling(args, out: str) -> None:
     import torch
 
     from fedcluster_app.core.batched import run_jobs, run_jobs_batched
+    from fedcluster_app.core.models import prepare_device
 
     torch.set_num_threads(os.cpu_count() or 1)     # the machine's CPUs, all of them
+    prepare_device(args.device)                    # as the clients have it
     deadline = time.monotonic() + args.budget_s
     sizes = [4, 8] if args.quick else [100, 1000, 10000]
     dev = args.device
@@ -338,10 +353,16 @@ def child_scaling(args, out: str) -> None:
                       None if model == "cnn" else sizes[0]),
                      (model, "one-by-one", "cpu", sizes[:1], None)]
     if dev.startswith("cuda") and not args.quick:
+        plan += [(m, "batched, any cuDNN", dev, [1000], None) for m in ("cnn", "resnet")]
+        plan += [(m, "one-by-one, any cuDNN", dev, [100], None) for m in ("cnn", "resnet")]
         plan.append(("resnet", "batched, no TF32", dev, [1000], None))
+    if args.modes:       # only these configurations (a second try of a few)
+        plan = [(m, mode, where, [n for n in ns if not args.sizes or n in args.sizes], cap)
+                for m, mode, where, ns, cap in plan
+                if f"{m} {mode} {where}" in args.modes]
     specs = scaling_models(args.quick)
     for model, mode, where, ns, cap in plan:
-        run = run_jobs if mode == "one-by-one" else run_jobs_batched
+        run = run_jobs if mode.startswith("one-by-one") else run_jobs_batched
         warm = make_jobs(specs[model], 8, where, seed=1)   # cuDNN's and vmap's first calls
         run(warm)
         for n in ns:
@@ -351,7 +372,10 @@ def child_scaling(args, out: str) -> None:
                 continue
             measured = min(n, cap) if cap else n
             jobs = make_jobs(specs[model], measured, where)
+            # the clients' settings (prepare_device: deterministic cuDNN), unless the mode
+            # measures what they cost
             torch.backends.cudnn.allow_tf32 = "no TF32" not in mode
+            torch.backends.cudnn.deterministic = "any cuDNN" not in mode
             load = load_average()
             peak_reset(where)
             sync(where)
@@ -365,6 +389,7 @@ def child_scaling(args, out: str) -> None:
                 continue
             finally:
                 torch.backends.cudnn.allow_tf32 = True
+                torch.backends.cudnn.deterministic = True
             took = time.perf_counter() - t0
             round_s = took * n / measured
             emit(out, {"section": "scaling", "model": model, "mode": mode, "on": where,
@@ -493,9 +518,16 @@ def child_env(args) -> dict:
         "FEDCLUSTER_TORCH_THREADS": "1"}
 
 
+def child_flags(args) -> list[str]:
+    return ([*(["--quick"] if args.quick else []), *(["--repeat-all"] if args.repeat_all else []),
+             *(["--runs", *args.runs] if args.runs else []),
+             *(["--modes", *args.modes] if args.modes else []),
+             *(["--sizes", *map(str, args.sizes)] if args.sizes else [])])
+
+
 def run_section(name: str, args, work: Path) -> list[dict]:
     rows = work / f"{name}.jsonl"
-    budget = args.budget_s * SHARES[name]
+    budget = args.budget_s * SHARES[name] / sum(SHARES[s] for s in args.sections)
     t0 = time.perf_counter()
     print(f"== {name} (budget {budget:.0f} s)", flush=True)
     if name == "env":
@@ -506,7 +538,7 @@ def run_section(name: str, args, work: Path) -> list[dict]:
     else:
         cmd = [sys.executable, __file__, "--child", name, "--device", args.device,
                "--budget-s", str(budget * 0.9), "--work", str(work), "--rows", str(rows),
-               *(["--quick"] if args.quick else [])]
+               *child_flags(args)]
         try:
             res = subprocess.run(cmd, env=child_env(args), timeout=budget * 1.5 + 30,
                                  capture_output=True, text=True)
@@ -567,6 +599,14 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=330.0, help="time for all sections")
     ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     ap.add_argument("--jsonl", default="", help="write every row to this file")
+    ap.add_argument("--runs", nargs="+", default=[],
+                    help="families: only the runs whose names start so (e.g. fedccfa/ fast/ifca)")
+    ap.add_argument("--modes", nargs="+", default=[],
+                    help='scaling: only these, as "MODEL MODE ON" (e.g. "cnn batched cuda")')
+    ap.add_argument("--sizes", nargs="+", type=int, default=[],
+                    help="scaling: only these numbers of clients")
+    ap.add_argument("--repeat-all", action="store_true",
+                    help="families: every run twice on the device (run-to-run determinism)")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--on", default="", help=argparse.SUPPRESS)
     ap.add_argument("--work", default="", help=argparse.SUPPRESS)

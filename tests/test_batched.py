@@ -278,3 +278,52 @@ def test_a_stacked_program_out_of_gpu_memory_splits_in_halves(monkeypatch):
     monkeypatch.setattr(batched, "chunk_pays", lambda steps: True)
     with pytest.raises(torch.OutOfMemoryError):   # not even one job fits: the error stands
         run_jobs_batched(jobs[:1] * 2)
+
+
+def test_a_stacked_program_keeps_its_tensors_within_32_bit_indexing(monkeypatch):
+    """10,000 clients of the 28x28 CNN in one program made a tensor of more than 2**31
+    elements on an H200, which PyTorch's CUDA kernels refuse (canUse32BitIndexMath)."""
+    from fedcluster_app.core import batched
+
+    cnn = ModelSpec(kind="cnn", input_shape=(1, 28, 28), num_classes=10)
+    # its largest activation per job: 32 rows x 16 channels x 28 x 28, the first convolution's
+    assert batched.max_stacked_jobs(cnn, 32) == (2**31 - 1) // (32 * 16 * 28 * 28)
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, local_steps=10, batch_size=16)
+    jobs = _jobs(cfg, [50, 60, 70, 80, 90, 55, 65])
+    whole = run_jobs_batched(jobs)
+    calls, real = [], batched._torch_stacked
+    monkeypatch.setattr(batched, "_torch_stacked", lambda js: calls.append(len(js)) or real(js))
+    largest = batched._forward_probe(SPEC, 16)[1]
+    monkeypatch.setattr(batched, "MAX_TENSOR_ELEMENTS", 4 * largest)
+    assert _gap(whole, run_jobs_batched(jobs)) < 1e-6
+    assert calls == [4]          # four jobs in one program; three, too few to pay, one by one
+
+    def indexing_refused(js):    # what CUDA says when a tensor passes 2**31 elements
+        if len(js) > 4:
+            raise RuntimeError("Expected canUse32BitIndexMath(input) && canUse32BitIndexMath("
+                               "output) to be true, but got false.")
+        return real(js)
+
+    calls.clear()
+    monkeypatch.setattr(batched, "MAX_TENSOR_ELEMENTS", 2**31 - 1)
+    monkeypatch.setattr(batched, "_torch_stacked", indexing_refused)
+    monkeypatch.setattr(batched.torch.cuda, "empty_cache", lambda: None)
+    assert _gap(whole, run_jobs_batched(jobs)) < 1e-6
+    monkeypatch.setattr(batched, "_torch_stacked", lambda js: (_ for _ in ()).throw(
+        RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):   # any other error is not split away
+        run_jobs_batched(jobs)
+
+
+def test_the_gpu_budget_counts_the_memory_pytorch_keeps_cached(monkeypatch):
+    """A round's program leaves tens of GB in PyTorch's cache; free to the next one."""
+    import torch
+
+    from fedcluster_app.core import batched
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (40 * gib, 140 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: 90 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 10 * gib)
+    assert batched.memory_budget("cuda:0") == int(batched.GPU_MEMORY_SHARE * 120 * gib)
+    assert batched.memory_budget("cpu") == batched.BATCH_BYTES

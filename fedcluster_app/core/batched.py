@@ -123,9 +123,11 @@ def run_jobs_batched(jobs: Sequence[FitJob]) -> list[FitResult]:
                 for k, (weights, loss) in zip(chunk, done):
                     results[k] = FitResult(weights, loss)
         elif _stackable(group[0].spec, group[0].device) and group[0].optimizer_state is None:
-            each = stacked_job_bytes(group[0].spec, group[0].cfg)
+            spec, cfg = group[0].spec, group[0].cfg
+            each = stacked_job_bytes(spec, cfg)
             nbytes = [np.asarray(j.x).size * 4 + each for j in group]
-            for chunk in _chunks(steps, nbytes, memory_budget(group[0].device)):
+            for chunk in _chunks(steps, nbytes, memory_budget(group[0].device),
+                                 max_stacked_jobs(spec, cfg.batch_size)):
                 done = _stacked_or_split([group[k] for k in chunk])
                 for k, result in zip(chunk, done):
                     results[k] = result
@@ -160,15 +162,17 @@ GPU_MEMORY_SHARE = 0.5
 KERNEL_CHUNK_BYTES = 1 << 20
 
 
-def _chunks(steps: list[int], nbytes: list[int], limit: int) -> list[list[int]]:
+def _chunks(steps: list[int], nbytes: list[int], limit: int, max_jobs: int | None = None
+            ) -> list[list[int]]:
     """Jobs of similar length together (a stacked program runs as long as its longest job):
-    longest first, a chunk takes jobs down to half its first job's steps, and data up to
-    ``limit`` bytes (10,000 clients of images would not fit in memory at once)."""
+    longest first, a chunk takes jobs down to half its first job's steps, data up to ``limit``
+    bytes (10,000 clients of images would not fit in memory at once), and ``max_jobs``."""
     order = sorted(range(len(steps)), key=lambda j: -steps[j])
     chunks: list[list[int]] = []
     size = 0
     for j in order:
-        if chunks and 2 * steps[j] >= steps[chunks[-1][0]] and size + nbytes[j] <= limit:
+        if chunks and 2 * steps[j] >= steps[chunks[-1][0]] and size + nbytes[j] <= limit \
+                and (max_jobs is None or len(chunks[-1]) < max_jobs):
             chunks[-1].append(j)
             size += nbytes[j]
         else:
@@ -178,11 +182,27 @@ def _chunks(steps: list[int], nbytes: list[int], limit: int) -> list[list[int]]:
 
 
 def memory_budget(device: str) -> int:
-    """Bytes a stacked program may hold on ``device``."""
+    """Bytes a stacked program may hold on ``device``: on a GPU, a share of what is free,
+    counting the memory PyTorch keeps cached for reuse (free to this process, not to others:
+    a round's program leaves tens of GB cached for the next one)."""
     if not str(device).startswith("cuda"):
         return BATCH_BYTES
-    free, _ = torch.cuda.mem_get_info(torch.device(device))
-    return max(BATCH_BYTES, int(GPU_MEMORY_SHARE * free))
+    dev = torch.device(device)
+    free, _ = torch.cuda.mem_get_info(dev)
+    cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    return max(BATCH_BYTES, int(GPU_MEMORY_SHARE * (free + cached)))
+
+
+#: PyTorch's CUDA kernels index some tensors with 32-bit integers and refuse (RuntimeError:
+#: ``canUse32BitIndexMath``) a tensor of more elements; a stacked program's activations are
+#: jobs x the largest one of a job (10,000 clients of the 28x28 CNN failed so on an H200)
+MAX_TENSOR_ELEMENTS = 2**31 - 1
+
+
+def max_stacked_jobs(spec: ModelSpec, batch_size: int) -> int:
+    """How many jobs one stacked program may hold before a tensor of it passes
+    ``MAX_TENSOR_ELEMENTS``."""
+    return max(1, MAX_TENSOR_ELEMENTS // _forward_probe(spec, batch_size)[1])
 
 
 #: float32 copies of the parameters one job keeps in a stacked program besides the
@@ -203,37 +223,50 @@ def _parameter_bytes(spec: ModelSpec) -> int:
     return sum(p.numel() * p.element_size() for p in cached_model(spec, "cpu").parameters())
 
 
-@lru_cache(maxsize=32)
 def activation_bytes(spec: ModelSpec, batch_size: int) -> int:
-    """Bytes the forward pass of one minibatch keeps for its backward pass (and its output),
-    counted on the CPU: the same tensors of the same sizes as on any device."""
+    """Bytes the forward pass of one minibatch keeps for its backward pass (and its output)."""
+    return _forward_probe(spec, batch_size)[0]
+
+
+@lru_cache(maxsize=32)
+def _forward_probe(spec: ModelSpec, batch_size: int) -> tuple[int, int]:
+    """(bytes of the tensors one minibatch's forward pass keeps for the backward pass, and
+    of its output; elements of the largest of them or of the input), counted on the CPU: the
+    same tensors of the same sizes as on any device."""
     model = cached_model(spec, "cpu").train()
-    saved = 0
+    x = torch.zeros((batch_size, *spec.input_shape))
+    saved, largest = 0, x.numel()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal saved
+        nonlocal saved, largest
         saved += t.numel() * t.element_size()
+        largest = max(largest, t.numel())
         return t
 
-    x = torch.zeros((batch_size, *spec.input_shape))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = model(x)
-    return saved + out.numel() * out.element_size()
+    return saved + out.numel() * out.element_size(), max(largest, out.numel())
 
 
 def _stacked_or_split(jobs: list[FitJob]) -> list[FitResult]:
-    """The jobs as one stacked program when it pays, else one by one; a program that runs
-    out of GPU memory splits in halves (each job's arithmetic is its own either way)."""
+    """The jobs as one stacked program when it pays, else one by one; a program too large
+    for the GPU splits in halves (each job's arithmetic is its own either way)."""
     if not chunk_pays([len(j.batches) for j in jobs]):
         return [_torch_one(job) for job in jobs]
     try:
         return _torch_stacked(jobs)
-    except torch.OutOfMemoryError:
-        if len(jobs) == 1:
+    except (torch.OutOfMemoryError, RuntimeError) as ex:
+        if len(jobs) == 1 or not _too_large(ex):
             raise
     torch.cuda.empty_cache()
     half = len(jobs) // 2
     return _stacked_or_split(jobs[:half]) + _stacked_or_split(jobs[half:])
+
+
+def _too_large(ex: Exception) -> bool:
+    """A program too large for the device: out of its memory, or a tensor past what its
+    kernels index."""
+    return isinstance(ex, torch.OutOfMemoryError) or "canUse32BitIndexMath" in str(ex)
 
 
 def chunk_pays(steps: list[int]) -> bool:

@@ -37,6 +37,7 @@ SAFE_ON_RESUME = frozenset({
     "round-timeout", "node-wait-s", "min-nodes",  # how long to wait for clients
     "device", "data-dir",                         # the hardware, where the same data live here
     "batch-clients",                              # clients trained batched or one by one
+    "deterministic",                              # cuDNN's algorithms on a GPU
 })
 
 

@@ -188,6 +188,7 @@ class RunConfig:
     init: str
     device: str
     batch_clients: bool
+    deterministic: bool
     protocol: str
     train: TrainConfig
     fraction_train: float

@@ -26,6 +26,7 @@ from fedcluster_app.core.experiment import Experiment
 from fedcluster_app.core.models import (
     build_model,
     initial_weights,
+    prepare_device,
     resolve_device,
     scratch_model,
     set_weights,
@@ -68,6 +69,7 @@ class StreamClient(NumPyClient):
         self.exp = experiment
         self.state = state
         self.device = resolve_device(experiment.cfg.device)
+        prepare_device(self.device, experiment.cfg.deterministic)
         # optimizer states handed to this message's jobs, kept when its handler finishes
         self._open_states: dict[str, tuple[int, OptimizerState]] = {}
 
