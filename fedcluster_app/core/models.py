@@ -251,10 +251,10 @@ def resolve_device(device: str) -> str:
 
 def prepare_device(device: str, deterministic: bool = True) -> None:
     """What a process that trains on ``device`` sets up: on a GPU, cuDNN's deterministic
-    algorithms (``deterministic``, the run-config key), so that the same seed gives the same
-    numbers; its fastest convolution algorithms add in any order: two FedCCFA runs on an H200
-    differed by 1.5e-8 with them, none of nine runs twice without them, and they made batched
-    CNN rounds 1.2-2.3x faster there (docs/performance.md, GPU)."""
+    algorithms unless ``deterministic`` (the run-config key) is false. Its fastest convolution
+    algorithms add in any order: on an H200 two FedCCFA runs with the same seed differed by
+    1.5e-8 with them, while nine runs repeated bit for bit with the deterministic ones, which
+    cost batched CNN rounds 1.2-2.3x there (docs/performance.md, "On a GPU")."""
     if str(device).startswith("cuda"):
         torch.backends.cudnn.deterministic = bool(deterministic)
         torch.backends.cudnn.benchmark = False

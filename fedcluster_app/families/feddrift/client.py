@@ -59,7 +59,7 @@ from fedcluster_app.families.feddrift.wire import (
 def _use_numpy(client: StreamClient, config: dict, weights: list[np.ndarray]) -> bool:
     """The NumPy kernel serves the built-in one-hidden-layer MLP only (a user's model with the
     same array shapes may compute something else), on the CPU: with ``device = "auto"`` too,
-    since on an H200 these MLPs trained 3-6x faster here than in PyTorch on the GPU
+    since on an H200 these MLPs trained 2.4-6.4x faster here than in PyTorch on the GPU
     (docs/performance.md, GPU); a client told ``cuda`` trains there, in PyTorch."""
     return (config.get(ENGINE, "numpy") != "torch" and client.exp.spec.kind == "mlp"
             and (client.device == "cpu" or client.exp.cfg.device == "auto")
