@@ -250,3 +250,47 @@ def test_concept_by_cluster_mass_comes_from_the_log_or_the_assignments():
     unassigned = {**row, "series": {**row["series"], "assignments": [[None] * 3] * 4,
                                     "concept_cluster_mass": {"0": {}}}}
     assert R.concept_cluster_mass(unassigned) is None
+
+
+def test_bench_writes_under_the_runs_directory_unless_a_report_is_named(tmp_path, monkeypatch):
+    """Nothing a bench writes lands outside its runs directory unless --report names a page:
+    run from a checkout, the default never touches the committed docs/benchmark.md."""
+    from fedcluster_app.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--datasets", "mixture", "--shifts", "label", "--patterns", "sudden",
+                 "--skip-static", "--strategies", "fedavg", "--seeds", "0", "--set", "num-steps=3",
+                 "--set", "rounds-per-step=1", "--set", "local-steps=2"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["bench"]
+    page = tmp_path / "runs" / "bench" / "benchmark.md"
+    assert "fedcluster bench --datasets mixture" in page.read_text()
+    rows = R.read_rows(tmp_path / "runs" / "bench" / "benchmark" / "runs.jsonl")
+    assert [(r["scenario"], r["status"]) for r in rows] == [("mixture/label/sudden", "completed")]
+    assert (tmp_path / "runs" / "bench" / "benchmark" / "bytes.png").stat().st_size > 0
+    assert "## Reading" not in page.read_text()   # the hand-written reading is docs/'s own
+
+
+def test_the_smoke_matrix_has_its_own_runs_directory_and_a_named_report_wins():
+    from fedcluster_app.bench.command import output_paths
+    from fedcluster_app.cli import _parser
+
+    def paths(*argv: str) -> tuple[str, str]:
+        return tuple(p.as_posix() for p in output_paths(_parser().parse_args(["bench", *argv])))
+
+    assert paths() == ("runs/bench", "runs/bench/benchmark.md")
+    # the quick runs are shorter: they must never stand for the full matrix's runs
+    assert paths("--quick") == ("runs/bench-quick", "runs/bench-quick/benchmark.md")
+    assert paths("--runs-dir", "/x/r") == ("/x/r", "/x/r/benchmark.md")
+    assert paths("--report", "docs/benchmark.md") == ("runs/bench", "docs/benchmark.md")
+
+
+def test_the_committed_page_names_its_own_path_in_its_regenerate_command():
+    """docs/benchmark.md is rewritten only by a command that names it; the page says which."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs" / "benchmark.md").read_text()
+    command = page.split("```bash\n", 1)[1].split("\n", 1)[0]
+    assert command.startswith("fedcluster bench ") and "--report docs/benchmark.md" in command
+    assert "--reuse-rows docs/benchmark/runs.jsonl" in command

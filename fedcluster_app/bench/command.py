@@ -11,13 +11,21 @@ from pathlib import Path
 from fedcluster_app.bench import matrix as M
 from fedcluster_app.core.atomic import atomic_write_bytes
 
+RUNS_DIR = Path("runs/bench")
+QUICK_RUNS_DIR = Path("runs/bench-quick")
+REPORT_NAME = "benchmark.md"
+
 EPILOG = """\
 examples:
   fedcluster bench --quick                      # a smoke matrix (8 short runs, seconds)
   fedcluster bench --workers 2                  # the full matrix (resumable: run it again to go on)
-  fedcluster bench --workers 2 --reuse-rows docs/benchmark/runs.jsonl   # only what it lacks
   fedcluster bench --datasets digits --strategies fedavg ifca fielding --seeds 0 1 2
-  fedcluster bench --report docs/benchmark.md   # where the leaderboard goes (default)
+  # regenerate the committed page: it runs only what the committed rows lack
+  fedcluster bench --workers 2 --reuse-rows docs/benchmark/runs.jsonl --report docs/benchmark.md
+
+The leaderboard, its rows and plots go under the runs directory (RUNS_DIR/benchmark.md and
+RUNS_DIR/benchmark/) unless --report names another page: nothing is written into the
+repository unless you name it.
 """
 
 
@@ -41,11 +49,13 @@ def add_parser(sub) -> None:
                    help="run on this Ray cluster instead (e.g. auto, or head-host:6379): one "
                         "one-CPU task per run; --runs-dir must be on a file system every node "
                         "sees")
-    b.add_argument("--runs-dir", type=Path, default=Path("runs/bench"),
-                   help="one directory per run; finished runs there are reused")
-    b.add_argument("--report", type=Path, default=Path("docs/benchmark.md"),
-                   help="the leaderboard (markdown); its data and plots go in a folder of the "
-                        "same name beside it")
+    b.add_argument("--runs-dir", type=Path,
+                   help=f"one directory per run; finished runs there are reused (default "
+                        f"{RUNS_DIR}, with --quick {QUICK_RUNS_DIR}: the smoke matrix's shorter "
+                        f"runs never stand for the full matrix's)")
+    b.add_argument("--report", type=Path,
+                   help="the leaderboard (markdown); its rows and plots go in a folder of the "
+                        "same name beside it (default RUNS_DIR/benchmark.md)")
     b.add_argument("--reuse-rows", type=Path, metavar="RUNS_JSONL",
                    help="rows of an earlier bench (its runs.jsonl) stand for runs --runs-dir "
                         "does not hold: a finished row counts when its scenario, strategy, seed "
@@ -101,10 +111,19 @@ def heatmap_scenarios(scenarios: list[str]) -> list[str]:
     return out
 
 
+def output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The runs directory and the leaderboard page. The page goes into the runs directory
+    unless ``--report`` names another (the smoke matrix has a runs directory of its own), so a
+    bench writes into the repository only where it is told to."""
+    runs_dir = args.runs_dir or (QUICK_RUNS_DIR if args.quick else RUNS_DIR)
+    return runs_dir, args.report or runs_dir / REPORT_NAME
+
+
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from fedcluster_app.bench import report as R
     from fedcluster_app.bench.runner import run_dir, run_matrix
 
+    args.runs_dir, args.report = output_paths(args)
     cells, strategies, protocol = cells_of(args)
     if args.dry_run:
         for cell in cells:
