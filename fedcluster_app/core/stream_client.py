@@ -138,7 +138,22 @@ class StreamClient(NumPyClient):
         (weights, loss), = run_jobs([job])
         self.keep_optimizer_states()
         self.count_trained()
-        return weights, len(job.y), {P.TRAIN_LOSS: loss}
+        return weights, self.examples(len(job.y)), {P.TRAIN_LOSS: loss}
+
+    def examples(self, n: int) -> int:
+        """``n`` training rows as num-examples: at most the rows this client holds when they are
+        fewer than a step asks for (a window of several steps repeats them)."""
+        held = self.exp.scenario.rows_held(self.client_id)
+        return n if held is None else min(int(n), held)
+
+    def honest_counts(self, metrics: dict, model_metrics: dict) -> tuple[dict, dict]:
+        """A training reply's metrics with every num-examples capped by :meth:`examples`."""
+        def cap(m: dict) -> dict:
+            if P.NUM_EXAMPLES not in m:
+                return m
+            return {**m, P.NUM_EXAMPLES: self.examples(m[P.NUM_EXAMPLES])}
+
+        return cap(metrics), {mid: cap(m) for mid, m in model_metrics.items()}
 
     def fit_job(self, parameters, config, **kw) -> FitJob:
         """What ``fit`` trains, as a job a handler yields (``core/batched.py``): the model
