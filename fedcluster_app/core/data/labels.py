@@ -84,8 +84,9 @@ def class_codes(parts: list[tuple[np.ndarray, str]], where: str, remap: bool,
         return ints, c, ""
     if len(values) < c:
         empty = sorted(set(range(c)) - set(values.tolist()))
-        raise ValueError(f"{where}: {names} holds the labels {{{_preview(values)}}}, so classes "
-                         f"{_preview(empty)} have no rows; expected every class 0..C-1 to occur. "
+        gap = (f"class {empty[0]} has" if len(empty) == 1 else f"classes {_preview(empty)} have")
+        raise ValueError(f"{where}: {names} holds the labels {{{_preview(values)}}}, so {gap} no "
+                         f"rows; expected every class 0..C-1 to occur. "
                          f"Set remap-labels = true to number the {len(values)} labels that occur "
                          f"0..{len(values) - 1}, or num-classes = {c} to keep these numbers (and "
                          f"the empty classes)")

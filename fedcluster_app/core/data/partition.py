@@ -149,30 +149,35 @@ class ShardRealisation(ClassRealisation):
         self.shards = [np.asarray(s, dtype=np.int64) for s in shards]
         self.test_shards = (None if test_shards is None else
                             [np.asarray(s, dtype=np.int64) for s in test_shards])
-        self._clients: dict[int, ClassRealisation] = {}
+        self._clients: dict[tuple[int, bool], ClassRealisation] = {}
 
-    def _client(self, client: int) -> ClassRealisation:
-        real = self._clients.get(client)
+    def _client(self, client: int, train: bool = True) -> ClassRealisation:
+        """The realisation of one client's shard; its test shard follows its own class
+        frequencies (all of a natural partition's test rows), the train shard's otherwise."""
+        key = (client, bool(train))
+        real = self._clients.get(key)
         if real is None:
             src = self.source
             test = (src.test_pool if self.test_shards is None
                     else _subpool(src.test_pool, self.test_shards[client]))
             shard = type(src)(_subpool(src.train_pool, self.shards[client]), test)
-            real = ClassRealisation(shard, self.concepts, self.priors[client:client + 1],
-                                    self.oversample)
-            self._clients[client] = real
+            priors = self.priors[client:client + 1]
+            if not train:
+                priors = _frequencies(test.labels, src.num_classes)[None]
+            real = ClassRealisation(shard, self.concepts, priors, self.oversample)
+            self._clients[key] = real
         return real
 
     def rows(self, client: int, train: bool) -> int:
         if train or self.test_shards is not None:
-            return self._client(client).rows(0, train)
+            return self._client(client, train).rows(0, train)
         return super().rows(client, train)
 
     def sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
                train: bool) -> tuple[np.ndarray, np.ndarray]:
         if not train and self.test_shards is None:
             return super().sample(concept, n, rng, client=client, train=False)
-        return self._client(client).sample(concept, n, rng, client=0, train=train)
+        return self._client(client, train).sample(concept, n, rng, client=0, train=train)
 
 
 def natural_realisation(source: ImageSource, concepts: Sequence[ClassConcept],

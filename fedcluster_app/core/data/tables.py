@@ -180,6 +180,9 @@ def frame_table(df, opts: ReadOptions, where: str, x_column=None) -> Table:
     from the frame."""
     columns = [str(c) for c in df.columns]
     df = df.set_axis(columns, axis=1)
+    if len(df) == 0:
+        raise ValueError(f"{where}: holds no samples (columns {columns} but no rows); expected "
+                         f"at least one row")
     arrays = {c for c in columns if _holds_arrays(df[c])}
     label, features, part = pick_columns(columns, arrays, set(), opts, where)
     return _table(df, label, features, part, arrays, where, x_column)
