@@ -96,6 +96,25 @@ def test_csv_parquet_hf_disk_and_a_data_frame_read_the_same_table(tmp_path, iris
     np.testing.assert_array_equal(framed.x_train, first.x_train)
 
 
+def test_a_dataset_dict_keeps_its_test_split_per_user(tmp_path, iris):
+    from datasets import Dataset, DatasetDict
+
+    test = iris.groupby("user").head(2)
+    train = iris.drop(index=test.index)
+    DatasetDict(train=Dataset.from_pandas(train, preserve_index=False),
+                test=Dataset.from_pandas(test, preserve_index=False)).save_to_disk(
+        str(tmp_path / "dd"))
+    data = load_user_data(f"hf-disk:{tmp_path / 'dd'}", read=BY_USER)
+    assert np.bincount(data.groups_test).tolist() == [2] * 5
+    assert np.bincount(data.groups_train).tolist() == (
+        train.user.value_counts().sort_index().tolist())
+    DatasetDict(train=Dataset.from_pandas(train, preserve_index=False),
+                test=Dataset.from_pandas(test[test.user != "user3"], preserve_index=False)
+                ).save_to_disk(str(tmp_path / "untested"))
+    with pytest.raises(ValueError, match=r"the values \['user3'\] have no rows in the test split"):
+        load_user_data(f"hf-disk:{tmp_path / 'untested'}", read=BY_USER)
+
+
 def test_feature_columns_default_to_every_other_column_and_may_be_named(tmp_path, iris):
     spec = f"csv:{IRIS}"
     every = load_user_data(spec, read=BY_USER)
@@ -194,8 +213,8 @@ def test_labels_with_empty_classes_are_refused_or_remapped_as_the_key_says(gaps,
 
 
 def test_text_labels_are_refused_unless_remapped(tmp_path, iris):
-    with pytest.raises(ValueError, match=r"label column 'species' holds non-integer .* labels "
-                                         r"such as 'setosa'.*remap-labels = true"):
+    with pytest.raises(ValueError, match=r"label column 'species' holds text labels such as "
+                                         r"'setosa'.*remap-labels = true"):
         load_user_data(f"csv:{IRIS}", read=ReadOptions(label_column="species",
                                                        partition_column="user"))
     iris.assign(width=iris.petal_width).to_csv(tmp_path / "w.csv", index=False)

@@ -37,7 +37,8 @@ def _check_kind(y: np.ndarray, where: str, name: str, remap: bool) -> None:
     if remap:
         return
     example = y[0].item() if len(y) else ""
-    raise ValueError(f"{where}: {name} holds non-integer ({y.dtype}) labels such as "
+    kind = "text" if y.dtype.kind in "USO" else f"non-integer ({y.dtype})"
+    raise ValueError(f"{where}: {name} holds {kind} labels such as "
                      f"{example!r}; expected integers 0..C-1: map class names to integers "
                      f"first, or set remap-labels = true to number the distinct labels in "
                      f"sorted order")
