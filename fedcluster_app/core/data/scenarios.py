@@ -82,6 +82,10 @@ fewer, ``static`` has the one concept ``original``), ``rotate`` needs images: Ri
 neither with fewer than 7 classes, nor ``rotate``. Images get the ``cnn``, flat features an
 ``mlp`` of width ``max(16, 2 x features)``. ``partition`` and ``disjoint`` (``partition.py``)
 decide how any pool is shared across clients; the defaults keep every scenario's data unchanged.
+A user's table may instead name a ``partition_column``: one client per distinct value, with its
+own rows. A client whose pool holds fewer rows than a step asks for uses each row once
+(``drift.py``; ``oversample`` draws with replacement as before): ``Scenario.short_clients``
+names them, ``Scenario.rows_held`` caps what they report.
 
 Deployment: a SuperNode may hold its own file (node-config ``data-dir = "npz:PATH"``, see
 ``client_app.make_client``); the server then builds the scenario with ``data_dir =

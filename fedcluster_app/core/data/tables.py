@@ -174,10 +174,8 @@ def pick_columns(columns: list[str], arrays: set[str], class_labels: set[str],
 # ------------------------------------------------------------------------------------ values
 
 
-def frame_table(df, opts: ReadOptions, where: str, x_column=None) -> Table:
-    """The table of a pandas DataFrame: its picked columns as arrays. ``x_column(name)`` reads
-    a column of images or arrays (Hugging Face's own reader); without it such a column is read
-    from the frame."""
+def frame_table(df, opts: ReadOptions, where: str) -> Table:
+    """The table of a pandas DataFrame: its picked columns as arrays."""
     columns = [str(c) for c in df.columns]
     df = df.set_axis(columns, axis=1)
     if len(df) == 0:
@@ -185,11 +183,13 @@ def frame_table(df, opts: ReadOptions, where: str, x_column=None) -> Table:
                          f"at least one row")
     arrays = {c for c in columns if _holds_arrays(df[c])}
     label, features, part = pick_columns(columns, arrays, set(), opts, where)
-    return _table(df, label, features, part, arrays, where, x_column)
+    return _table(df, label, features, part, arrays, where)
 
 
 def _table(df, label: str, features: list[str], part: str, arrays: set[str], where: str,
            x_column=None) -> Table:
+    """The picked columns of ``df`` as arrays; ``x_column(name)`` reads a column of images or
+    arrays (Hugging Face's own reader), else such a column is read from the frame."""
     if len(features) == 1 and features[0] in arrays:
         x = x_column(features[0]) if x_column else _stack(df[features[0]], features[0], where)
     else:
