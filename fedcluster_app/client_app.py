@@ -12,16 +12,14 @@ from collections.abc import Callable
 from logging import INFO
 from pathlib import Path
 
-from flwr.common.logger import log
-
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
 from fedcluster_app import families
 from fedcluster_app.core import handlers
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.data.catalogue import reads_dataset
-from fedcluster_app.core.data.scenarios import short_clients_line
 from fedcluster_app.core.data.sources import is_node_spec
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.handlers import Handler
@@ -50,7 +48,8 @@ def make_client(context: Context) -> StreamClient:
     file holds this node's rows (one value of the column), or a whole table of which the node
     takes the ``client-id``-th value (sorted). Set ``num-classes`` (and ``input-shape``) in the
     run config so that every node and the server agree on the model even when a node lacks
-    classes. A node whose file holds fewer rows than a step asks for says so once.
+    classes. The node logs once what reading its file changed (remapped labels, fewer rows than
+    a step asks for).
     """
     run_config = context.run_config
     data_dir = context.node_config.get("data-dir")
@@ -69,23 +68,10 @@ def make_client(context: Context) -> StreamClient:
             raise FileNotFoundError(f"node-config data-dir {data_dir!r} is not a directory")
         run_config = {**run_config, "data-dir": str(data_dir)}
     client = StreamClient(logical_client_id(context), load_experiment(run_config), context.state)
-    if own_file:
-        _say_if_short(client, str(data_dir))
+    if own_file and client.first_time("data-report"):   # a process per message: state says
+        for line in client.exp.scenario.data_report([client.client_id]):
+            log(INFO, "%s", line)
     return client
-
-
-_SAID_SHORT: set[tuple[int, str]] = set()
-
-
-def _say_if_short(client: StreamClient, data_dir: str) -> None:
-    """Once per process: this node's file holds fewer rows than a step asks for."""
-    key = (client.client_id, data_dir)
-    if key in _SAID_SHORT:
-        return
-    _SAID_SHORT.add(key)
-    rows = client.exp.scenario.short_clients().get(client.client_id)
-    if rows is not None:
-        log(INFO, "%s", short_clients_line(client.exp.scenario, {client.client_id: rows}))
 
 
 def _config(msg: Message) -> dict:

@@ -136,7 +136,7 @@ def test_integer_labels_and_a_label_named_column_need_no_keys(tmp_path, iris):
     assert data.input_shape == (4,) and data.num_classes == 3
 
 
-def test_a_node_reads_its_own_table_file(tmp_path, iris):
+def test_a_node_reads_its_own_table_file(tmp_path, iris, caplog):
     from flwr.app import Context, RecordDict
 
     from fedcluster_app.client_app import make_client
@@ -153,6 +153,15 @@ def test_a_node_reads_its_own_table_file(tmp_path, iris):
         rows = len(client.train_data(1)[1]) + len(client.test_data(1)[1])
         assert rows == int((iris.user == user).sum())
         assert client.exp.scenario.params["partition"] == ""
+    caplog.set_level("INFO", logger="flwr")
+    caplog.clear()
+    context = Context(run_id=1, node_id=1, state=RecordDict(), run_config=run_config,
+                      node_config={"client-id": 4, "data-dir": f"csv:{IRIS}"})
+    for _ in range(3):        # three messages to one node: it says what it holds once
+        make_client(context)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "'setosa' -> 0" in said[0]
+    assert said[1].startswith("small data: samples-per-step = 200, but client 4 holds 5 rows")
 
 
 # ------------------------------------------------------------------------- dataset-args
@@ -198,16 +207,15 @@ def gaps(tmp_path) -> str:
     return f"npz:{tmp_path / 'gaps.npz'}"
 
 
-def test_labels_with_empty_classes_are_refused_or_remapped_as_the_key_says(gaps, caplog):
+def test_labels_with_empty_classes_are_refused_or_remapped_as_the_key_says(gaps):
     with pytest.raises(ValueError, match=r"y holds the labels \{0, 2, 5\}, so classes 1, 3, 4 "
                                          r"have no rows.*remap-labels = true.*num-classes = 6"):
         build_scenario("dataset-static", dataset=gaps)
-    caplog.set_level("INFO", logger="flwr")
     s = build_scenario("dataset-static", dataset=gaps, remap_labels=True)
     assert s.num_classes == 3
     assert set(s.step_data(0, 1).y_train.tolist()) == {0, 1, 2}
-    assert "remap-labels: the 3 distinct labels of y are numbered 0..2 in sorted order: " \
-           "0 -> 0, 2 -> 1, 5 -> 2" in caplog.text
+    assert s.data_report()[0].endswith("remap-labels: the 3 distinct labels of y are numbered "
+                                       "0..2 in sorted order: 0 -> 0, 2 -> 1, 5 -> 2")
     kept = build_scenario("dataset-static", dataset=gaps, num_classes=6)  # the user's choice
     assert kept.num_classes == 6
 

@@ -62,7 +62,6 @@ from fedcluster_app.core.checkpoint import (
     write_checkpoint,
 )
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.data.scenarios import short_clients_line
 from fedcluster_app.core.experiment import Experiment
 from fedcluster_app.core.hparams import HParams, NoParams
 from fedcluster_app.core.messages import (
@@ -661,9 +660,8 @@ class ClusteredStrategy(Strategy):
             log(INFO, "%s's paper protocol sets %s (keys left at their defaults; --set one to "
                 "change it, protocol = \"none\" for the plain defaults)", self.exp.scenario.name,
                 ", ".join(f"{k}={v}" for k, v in self.exp.protocol))
-        short = self.exp.scenario.short_clients()
-        if short:
-            log(INFO, "%s", short_clients_line(self.exp.scenario, short))
+        for line in self.exp.scenario.data_report():
+            log(INFO, "%s", line)
 
     def start(
         self,

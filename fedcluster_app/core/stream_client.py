@@ -247,6 +247,15 @@ class StreamClient(NumPyClient):
     def count_trained(self) -> None:
         self._count("trained")
 
+    def first_time(self, what: str) -> bool:
+        """True the first time this node asks (kept in ``context.state``, which outlives the
+        process of one message), False after."""
+        counters = self.state.metric_records.get(COUNTERS_KEY)
+        if counters is not None and counters.get(what, 0):
+            return False
+        self._count(what)
+        return True
+
     def _count(self, what: str) -> None:
         if COUNTERS_KEY not in self.state.metric_records:
             self.state[COUNTERS_KEY] = MetricRecord({})

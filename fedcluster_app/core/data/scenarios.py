@@ -443,7 +443,8 @@ class Scenario:
                  input_shape: tuple[int, ...], model: str, hidden: int, data_seed: int,
                  samples_per_step: int, test_samples: int, drift_pattern: str, drift_step: int,
                  dirichlet_alpha: float, concept_labels: list[str], params: tuple,
-                 holdout_clients: tuple[int, ...] = (), large_files: bool = False) -> None:
+                 holdout_clients: tuple[int, ...] = (), large_files: bool = False,
+                 notes: tuple[str, ...] = ()) -> None:
         self.name = name
         self.description = description
         self._matrix = np.asarray(matrix, dtype=np.int64).copy()
@@ -470,6 +471,7 @@ class Scenario:
         self._factory = realisation_factory
         # its pools are read from large files (torchvision): not loaded just to report sizes
         self._large_files = bool(large_files)
+        self._notes = tuple(notes)      # what reading the data changed (data_report)
         self._realisation: object | None = None
         self._lock = threading.Lock()
         self._cache = _BoundedCache(_nbytes)            # (client, step) -> StepData
@@ -561,6 +563,14 @@ class Scenario:
             if rows != (None, None):
                 out[k] = rows
         return out
+
+    def data_report(self, clients: Iterable[int] | None = None) -> list[str]:
+        """The log lines a run starts with about its data: how the labels were renumbered
+        (``remap-labels``) and which of ``clients`` (default: all) are short of rows."""
+        short = self.short_clients()
+        if clients is not None:
+            short = {k: short[k] for k in clients if k in short}
+        return [*self._notes, *([short_clients_line(self, short)] if short else [])]
 
     def rows_held(self, client: int) -> int | None:
         """The training rows ``client`` holds when they are fewer than ``samples_per_step`` (a
@@ -930,4 +940,6 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
         data_seed=seed, samples_per_step=samples, test_samples=test_samples,
         drift_pattern=source, drift_step=drift_step, dirichlet_alpha=alpha,
         concept_labels=list(labels), params=params, large_files=d.needs_data_dir,
+        notes=(info.data.label_note,) if info is not None and info.data is not None
+        and info.data.label_note else (),
     )

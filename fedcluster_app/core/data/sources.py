@@ -106,7 +106,8 @@ class UserData:
     ``x_*`` are ``(N, C, H, W)`` images (values in ``[0, max_value]``, e.g. ``uint8`` with
     ``max_value`` 255) or ``(N, F)`` ``float32`` standardised features; ``y_*`` are ``int64``.
     With ``partition-column``, ``groups_*`` give each row's value as an index into
-    ``group_names`` (the distinct values, sorted).
+    ``group_names`` (the distinct values, sorted). ``label_note`` says how ``remap-labels``
+    renumbered the labels (``""``: they were kept); the run logs it once.
     """
 
     spec: str
@@ -120,6 +121,7 @@ class UserData:
     groups_train: np.ndarray | None = None
     groups_test: np.ndarray | None = None
     group_names: tuple[str, ...] = ()
+    label_note: str = ""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -277,15 +279,9 @@ def _load_cached(kind: str, ref: str, read_seed: int, seed: int, test_fraction: 
     for a in [*arrays, *groups]:
         if a is not None:
             a.setflags(write=False)
-    if note:   # once per process: the load is cached
-        from logging import INFO
-
-        from flwr.common.logger import log
-
-        log(INFO, "%s", note)
     return UserData(f"{kind}:{ref}" if kind != "module" else ref, *arrays, num_classes=int(c),
                     image=image, max_value=max_value, groups_train=groups[0],
-                    groups_test=groups[1], group_names=names)
+                    groups_test=groups[1], group_names=names, label_note=note)
 
 
 def _stratified(y: np.ndarray, test_fraction: float, rng: np.random.Generator):
