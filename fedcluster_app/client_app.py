@@ -9,10 +9,12 @@ those of every algorithm family (``HANDLERS`` of ``families/<family>/client.py``
 from __future__ import annotations
 
 from collections.abc import Callable
+from logging import INFO
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
 from fedcluster_app import families
 from fedcluster_app.core import handlers
@@ -38,28 +40,38 @@ def make_client(context: Context) -> StreamClient:
     """This node's client. A SuperNode's ``data-dir`` node-config key (its local data) takes
     precedence over the run config's.
 
-    ``data-dir`` may also be a dataset file spec (``npz:PATH``, ``imagefolder:PATH``,
-    ``hf-disk:PATH``) for the ``dataset-*`` scenarios: that file is then this node's whole local
-    data, its shard. The node replaces the run config's ``dataset`` with it and samples it as
-    ``partition = iid`` without ``disjoint`` (its own class frequencies; test samples from its
-    own test split or held-out fraction). Set ``num-classes`` (and ``input-shape``) in the run
-    config so that every node and the server agree on the model even when a node lacks classes.
+    ``data-dir`` may also be a dataset file spec (``npz:PATH``, ``csv:PATH``, ``parquet:PATH``,
+    ``imagefolder:PATH``, ``hf-disk:PATH``) for the ``dataset-*`` scenarios: that file is then
+    this node's whole local data, its shard. The node replaces the run config's ``dataset`` with
+    it and samples it as ``partition = iid`` without ``disjoint`` (its own class frequencies;
+    test samples from its own test split or held-out fraction). With ``partition-column`` the
+    file holds this node's rows (one value of the column), or a whole table of which the node
+    takes the ``client-id``-th value (sorted). Set ``num-classes`` (and ``input-shape``) in the
+    run config so that every node and the server agree on the model even when a node lacks
+    classes. The node logs once what reading its file changed (remapped labels, fewer rows than
+    a step asks for).
     """
     run_config = context.run_config
     data_dir = context.node_config.get("data-dir")
-    if data_dir and is_node_spec(data_dir):
+    own_file = bool(data_dir) and is_node_spec(data_dir)
+    if own_file:
         scenario = str(run_config.get("scenario", ""))
         if not reads_dataset(scenario):
             raise ValueError(f"node-config data-dir {data_dir!r} is a dataset file, which only the "
                              f"dataset-* scenarios read; scenario {scenario!r} reads a directory "
                              f"(or nothing)")
-        run_config = {**run_config, "dataset": str(data_dir).strip(), "partition": "iid",
-                      "disjoint": False}
+        natural = bool(str(run_config.get("partition-column", "")).strip())
+        run_config = {**run_config, "dataset": str(data_dir).strip(),
+                      "partition": "" if natural else "iid", "disjoint": False}
     elif data_dir:
         if not Path(str(data_dir)).is_dir():
             raise FileNotFoundError(f"node-config data-dir {data_dir!r} is not a directory")
         run_config = {**run_config, "data-dir": str(data_dir)}
-    return StreamClient(logical_client_id(context), load_experiment(run_config), context.state)
+    client = StreamClient(logical_client_id(context), load_experiment(run_config), context.state)
+    if own_file and client.first_time("data-report"):   # a process per message: state says
+        for line in client.exp.scenario.data_report([client.client_id]):
+            log(INFO, "%s", line)
+    return client
 
 
 def _config(msg: Message) -> dict:
@@ -69,6 +81,8 @@ def _config(msg: Message) -> dict:
 
 def _reply(msg: Message, client: StreamClient, config: dict, result: tuple) -> Message:
     metrics, models, model_metrics, *extras = result
+    if msg.metadata.message_type.startswith("train"):
+        metrics, model_metrics = client.honest_counts(metrics, model_metrics)
     step = int(config[P.STEP])
     base = {P.CLIENT_ID: client.client_id, P.CONCEPT: client.concept(step), P.STEP: step}
     return P.reply(P.reply_content({**base, **metrics}, models, model_metrics, *extras), msg)

@@ -127,15 +127,16 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_mnist_swap_scenario_on_tiny_files(data_root):
+    # fewer samples than the 30 / 12 images of the files: drawn with replacement, as on MNIST
     root, files = data_root
-    s = build_scenario("mnist-swap", data_dir=str(root), samples_per_step=40, test_samples=16)
+    s = build_scenario("mnist-swap", data_dir=str(root), samples_per_step=24, test_samples=10)
     assert (s.input_shape, s.model, s.num_classes, s.num_concepts) == ((1, 28, 28), "cnn", 10, 4)
     train_imgs = files["mnist"]["train_x"].reshape(N_TRAIN, -1).astype(np.float32) / 255
     for k, t in ((0, 1), (0, 3), (4, 5)):
         d = s.step_data(k, t)
         assert isinstance(d, StepData)
-        assert d.x_train.shape == (40, 1, 28, 28) and d.x_train.dtype == np.float32
-        assert d.x_test.shape == (16, 1, 28, 28) and d.y_test.dtype == np.int64
+        assert d.x_train.shape == (24, 1, 28, 28) and d.x_train.dtype == np.float32
+        assert d.x_test.shape == (10, 1, 28, 28) and d.y_test.dtype == np.int64
         assert 0.0 <= d.x_train.min() and d.x_train.max() <= 1.0
         # the test pool holds classes 0-4 only; labels are relabelled by the swap concept
         perm = np.arange(10)
@@ -143,11 +144,11 @@ def test_mnist_swap_scenario_on_tiny_files(data_root):
             a, b = (1, 2) if k < 3 else (3, 4)
             perm[[a, b]] = [b, a]
         assert set(d.y_test.tolist()) <= set(perm[:5].tolist())
-        flat = d.x_train.reshape(40, -1)
+        flat = d.x_train.reshape(24, -1)
         idx = [int(np.flatnonzero((train_imgs == row).all(1))[0]) for row in flat]
         np.testing.assert_array_equal(d.y_train, perm[files["mnist"]["train_y"][idx]])
-    static = build_scenario("mnist-static", data_dir=str(root), samples_per_step=40,
-                            test_samples=16)
+    static = build_scenario("mnist-static", data_dir=str(root), samples_per_step=24,
+                            test_samples=10)
     np.testing.assert_array_equal(s.step_data(0, 3).x_train, static.step_data(0, 3).x_train)
 
 

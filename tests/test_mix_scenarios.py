@@ -173,11 +173,14 @@ def test_mixture_noise_incremental():
 
 def test_dataset_mix_on_a_users_data():
     s = build_scenario("dataset-mix", dataset=MY_DATA)
-    assert s.num_classes == 3
+    assert s.num_classes == 3 and s.short_clients()[0] == (135, 45)
     np.testing.assert_array_equal(s.concept_matrix(), expected_sudden(10, 6, 3))
     assert s.realisation.concepts[3].perm == (1, 2, 0)
     d = s.step_data(2, 4)   # a permuted client
-    assert d.concept == 3 and d.x_train.shape == (s.samples_per_step, 2)
+    assert d.concept == 3 and d.x_train.shape[1:] == (2,)
+    # 200 samples per step from 135 rows: the client's prior share of them, each used once
+    assert s.samples_per_step == 200 and s.rows_held(2) == 135
+    assert len(np.unique(d.x_train, axis=0)) == len(d.x_train) <= 135
 
 
 # -------------------------------------------------------------- each concept does what it says
@@ -189,8 +192,10 @@ def _label_shares(y: np.ndarray, c: int) -> np.ndarray:
 
 @pytest.mark.parametrize("name", ["digits-mix", "mixture-mix", "shuttle-mix"])
 def test_mix_concepts_on_generated_data(name):
-    n = 4000
-    s = build_scenario(name, samples_per_step=n, test_samples=10, dirichlet_alpha=math.inf)
+    n = 4000    # drawn with replacement from a pool (oversample), to measure the priors
+    pool = {} if name == "mixture-mix" else {"oversample": True}
+    s = build_scenario(name, samples_per_step=n, test_samples=10, dirichlet_alpha=math.inf,
+                       **pool)
     c, half = s.num_classes, max(1, s.num_classes // 2)
     before = {k: s.step_data(k, 1) for k in range(3)}
     after = {k: s.step_data(k, 3) for k in range(3)}

@@ -183,6 +183,12 @@ class RunConfig:
     test_fraction: float
     num_classes: int
     input_shape: str
+    label_column: str
+    feature_columns: str
+    partition_column: str
+    dataset_args: str
+    remap_labels: bool
+    oversample: bool
     model: str
     hidden: int
     init: str
@@ -234,6 +240,12 @@ class RunConfig:
             test_fraction=self.test_fraction,
             num_classes=self.num_classes,
             input_shape=self.input_shape,
+            label_column=self.label_column,
+            feature_columns=self.feature_columns,
+            partition_column=self.partition_column,
+            dataset_args=self.dataset_args,
+            remap_labels=self.remap_labels,
+            oversample=self.oversample,
         )
 
 
@@ -340,6 +352,7 @@ def _validate_data_keys(cfg: RunConfig) -> None:
     from fedcluster_app.core.data.partition import PARTITIONS
     from fedcluster_app.core.data.pools import input_shape_arg
     from fedcluster_app.core.data.sources import parse_dataset_spec
+    from fedcluster_app.core.data.tables import column_names, dataset_args
 
     if cfg.partition not in ("", *PARTITIONS):
         raise ConfigError(f"partition must be '' (the scenario's default), "
@@ -350,7 +363,8 @@ def _validate_data_keys(cfg: RunConfig) -> None:
         raise ConfigError(f"test-fraction must be in (0, 1), got {cfg.test_fraction}")
     if cfg.num_classes < 0 or cfg.num_classes == 1:
         raise ConfigError(f"num-classes must be 0 (from the data) or >= 2, got {cfg.num_classes}")
-    for check, value in ((parse_dataset_spec, cfg.dataset), (input_shape_arg, cfg.input_shape)):
+    for check, value in ((parse_dataset_spec, cfg.dataset), (input_shape_arg, cfg.input_shape),
+                         (column_names, cfg.feature_columns), (dataset_args, cfg.dataset_args)):
         if str(value).strip():
             try:
                 check(value)

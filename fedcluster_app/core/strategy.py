@@ -660,6 +660,8 @@ class ClusteredStrategy(Strategy):
             log(INFO, "%s's paper protocol sets %s (keys left at their defaults; --set one to "
                 "change it, protocol = \"none\" for the plain defaults)", self.exp.scenario.name,
                 ", ".join(f"{k}={v}" for k, v in self.exp.protocol))
+        for line in self.exp.scenario.data_report():
+            log(INFO, "%s", line)
 
     def start(
         self,

@@ -140,7 +140,22 @@ class StreamClient(NumPyClient):
         (weights, loss), = run_jobs([job])
         self.keep_optimizer_states()
         self.count_trained()
-        return weights, len(job.y), {P.TRAIN_LOSS: loss}
+        return weights, self.examples(len(job.y)), {P.TRAIN_LOSS: loss}
+
+    def examples(self, n: int) -> int:
+        """``n`` training rows as num-examples: at most the rows this client holds when they are
+        fewer than a step asks for (a window of several steps repeats them)."""
+        held = self.exp.scenario.rows_held(self.client_id)
+        return n if held is None else min(int(n), held)
+
+    def honest_counts(self, metrics: dict, model_metrics: dict) -> tuple[dict, dict]:
+        """A training reply's metrics with every num-examples capped by :meth:`examples`."""
+        def cap(m: dict) -> dict:
+            if P.NUM_EXAMPLES not in m:
+                return m
+            return {**m, P.NUM_EXAMPLES: self.examples(m[P.NUM_EXAMPLES])}
+
+        return cap(metrics), {mid: cap(m) for mid, m in model_metrics.items()}
 
     def fit_job(self, parameters, config, **kw) -> FitJob:
         """What ``fit`` trains, as a job a handler yields (``core/batched.py``): the model
@@ -233,6 +248,15 @@ class StreamClient(NumPyClient):
 
     def count_trained(self) -> None:
         self._count("trained")
+
+    def first_time(self, what: str) -> bool:
+        """True the first time this node asks (kept in ``context.state``, which outlives the
+        process of one message), False after."""
+        counters = self.state.metric_records.get(COUNTERS_KEY)
+        if counters is not None and counters.get(what, 0):
+            return False
+        self._count(what)
+        return True
 
     def _count(self, what: str) -> None:
         if COUNTERS_KEY not in self.state.metric_records:

@@ -19,6 +19,13 @@ Two kinds of datasets:
 
 Train and test data of a (client, step) come from the same concept and the same client prior;
 pool datasets draw test inputs from a held-out test pool.
+
+Small pools: a pool dataset draws with replacement, as many samples as asked. When the pool a
+client draws from holds fewer rows than asked (a small dataset, a disjoint shard, a user's own
+partition), the client uses what it has instead: each row at most once, the prior's share of
+the pool's rows per class (the whole pool when the prior is the pool's own class frequencies),
+so that it trains on, reports and is tested on distinct rows. ``oversample = True`` keeps the
+draws with replacement (run-config key ``oversample``).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ __all__ = [
     "cyclic_permutation",
     "fedccfa_group",
     "interpolate",
+    "largest_remainder",
     "swap_permutation",
 ]
 
@@ -107,6 +115,20 @@ def interpolate(a: object, b: object, frac: float) -> object | None:
     return fn(b, frac) if fn is not None else None
 
 
+def largest_remainder(p: np.ndarray, n: int) -> np.ndarray:
+    """Integer counts summing to ``n`` closest to ``p * n`` (largest remainder; ties to the
+    lower index)."""
+    p = np.asarray(p, dtype=np.float64)
+    raw = p * n
+    counts = np.floor(raw).astype(np.int64)
+    rest = n - int(counts.sum())
+    if rest > 0:
+        order = sorted(range(len(p)), key=lambda j: (-(raw[j] - counts[j]), j))
+        for j in order[:rest]:
+            counts[j] += 1
+    return counts
+
+
 def client_prior(num_classes: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
     """A client's class prior: ``Dirichlet(alpha * 1)``, or uniform for ``alpha = inf``."""
     if np.isinf(alpha):
@@ -156,6 +178,10 @@ class MixtureSource:
     def present(self, train: bool) -> np.ndarray:
         return np.ones(self.num_classes, dtype=bool)
 
+    def rows(self, train: bool) -> None:
+        """A generator: no finite pool of rows."""
+        return None
+
     def draw(self, classes: np.ndarray, rng: np.random.Generator, *, train: bool,
              angle: float) -> np.ndarray:
         if angle:
@@ -178,11 +204,18 @@ class ImageSource:
         self.is_image = True
 
     def present(self, train: bool) -> np.ndarray:
-        return (self.train_pool if train else self.test_pool).present
+        return self.pool(train).present
+
+    def pool(self, train: bool) -> ImagePool:
+        return self.train_pool if train else self.test_pool
+
+    def rows(self, train: bool) -> int:
+        """How many rows the split's pool holds."""
+        return len(self.pool(train))
 
     def draw(self, classes: np.ndarray, rng: np.random.Generator, *, train: bool,
              angle: float) -> np.ndarray:
-        pool = self.train_pool if train else self.test_pool
+        pool = self.pool(train)
         return pool.get(pool.draw_indices(classes, rng), angle)
 
 
@@ -191,8 +224,9 @@ class ClassRealisation:
     per-client class prior (``priors[client]``)."""
 
     def __init__(self, source: MixtureSource | ImageSource, concepts: Sequence[ClassConcept],
-                 priors: np.ndarray) -> None:
+                 priors: np.ndarray, oversample: bool = False) -> None:
         self.source = source
+        self.oversample = bool(oversample)
         self.concepts = list(concepts)
         self.num_classes = source.num_classes
         self.input_shape = source.input_shape
@@ -220,10 +254,38 @@ class ClassRealisation:
             raise ValueError("the data pool holds no images at all")
         return p / p.sum()
 
+    def rows(self, client: int, train: bool) -> int | None:
+        """How many rows the pool ``client`` draws from holds (None: a generator, or a source
+        that does not say)."""
+        rows = getattr(self.source, "rows", None)
+        return rows(train) if rows is not None else None
+
+    def short(self, client: int, n: int, train: bool) -> int | None:
+        """The rows ``client`` holds when they are fewer than the ``n`` samples asked for (it
+        then uses each at most once: module docstring), else None."""
+        held = None if self.oversample else self.rows(client, train)
+        return held if held is not None and n > held else None
+
     def sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
                train: bool) -> tuple[np.ndarray, np.ndarray]:
+        if self.short(client, n, train) is not None:
+            return self.sample_distinct(concept, rng, client=client, train=train)
         y_true = self.draw_labels(concept, n, rng, client=client, train=train)
         return self.realise(concept, y_true, rng, train=train)
+
+    def sample_distinct(self, concept: int, rng: np.random.Generator, *, client: int,
+                        train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of a pool smaller than the sample asked for, each at most once: the prior's
+        share of the pool's size per class (largest remainder), capped by the rows of the
+        class, in random order."""
+        pool = self.source.pool(train)
+        counts = largest_remainder(self.class_prior(concept, client, train), len(pool))
+        idx = [rng.permutation(members)[:k] for members, k in zip(pool.class_indices, counts)
+               if k > 0]
+        idx = np.concatenate(idx) if idx else np.zeros(0, dtype=np.int64)
+        idx = idx[rng.permutation(len(idx))]
+        c = self.concepts[concept]
+        return self.transform(concept, pool.get(idx, c.angle), pool.labels[idx], rng)
 
     def draw_labels(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
                     train: bool) -> np.ndarray:
@@ -234,8 +296,13 @@ class ClassRealisation:
     def realise(self, concept: int, y_true: np.ndarray, rng: np.random.Generator, *,
                 train: bool) -> tuple[np.ndarray, np.ndarray]:
         """Inputs for the true classes, with the concept's rotation, noise and label map."""
+        x = self.source.draw(y_true, rng, train=train, angle=self.concepts[concept].angle)
+        return self.transform(concept, x, y_true, rng)
+
+    def transform(self, concept: int, x: np.ndarray, y_true: np.ndarray,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """The concept's noise and label map on inputs ``x`` of the true classes ``y_true``."""
         c = self.concepts[concept]
-        x = self.source.draw(y_true, rng, train=train, angle=c.angle)
         if c.noise_std > 0:
             x = x + rng.normal(0.0, c.noise_std, size=x.shape).astype(np.float32)
             if self.source.is_image:

@@ -12,7 +12,13 @@ class". The partition decides the priors and which inputs a client may draw:
   partitioners (``IidPartitioner``, ``DirichletPartitioner``, ``PathologicalPartitioner`` with
   first-deterministic classes), seeded by the data seed; a client draws its step samples, with
   replacement, only from its shard, following the shard's class frequencies. Test samples still
-  come from the held-out test pool, following the same frequencies.
+  come from the held-out test pool, following the same frequencies;
+* ``partition-column`` (a user's table): each distinct value of the column is one client's
+  natural partition, its train rows and its own test rows (:func:`natural_realisation`);
+  ``partition`` and ``disjoint`` do not apply.
+
+A client whose shard (or pool) holds fewer rows than a step asks for uses each of its rows once
+instead of drawing with replacement, unless ``oversample`` (``drift.py``).
 
 The concepts (label maps, rotation, noise, prior weights) apply on top in both modes.
 """
@@ -28,7 +34,7 @@ from fedcluster_app.core.data.drift import ClassConcept, ClassRealisation, Image
 from fedcluster_app.core.data.generators import ClassPool
 
 __all__ = ["PARTITIONS", "FeaturePool", "FeatureSource", "ShardRealisation", "client_priors",
-           "disjoint_shards", "partition_realisation"]
+           "disjoint_shards", "natural_realisation", "partition_realisation"]
 
 TAG_SHARDS = 12  # default_rng([seed, 0, 0, 12]) shuffles a pool before it is split into shards
 #: valid ``partition`` values ("" = the scenario's default, a Dirichlet prior)
@@ -130,31 +136,72 @@ def disjoint_shards(labels: np.ndarray, partition: str, num_clients: int, alpha:
 
 
 class ShardRealisation(ClassRealisation):
-    """Each client draws its training inputs only from its own shard of the train pool; its
-    prior is the shard's class frequencies (test inputs: the whole test pool)."""
+    """Each client draws its training inputs only from its own shard of the train pool, and its
+    test inputs from its own test shard when it has one (else the whole test pool); its prior is
+    the shard's class frequencies."""
 
     def __init__(self, source: ImageSource, concepts: Sequence[ClassConcept],
-                 shards: Sequence[np.ndarray]) -> None:
+                 shards: Sequence[np.ndarray], test_shards: Sequence[np.ndarray] | None = None,
+                 oversample: bool = False) -> None:
         labels = source.train_pool.labels
         priors = np.stack([_frequencies(labels[s], source.num_classes) for s in shards])
-        super().__init__(source, concepts, priors)
+        super().__init__(source, concepts, priors, oversample)
         self.shards = [np.asarray(s, dtype=np.int64) for s in shards]
-        self._clients: dict[int, ClassRealisation] = {}
+        self.test_shards = (None if test_shards is None else
+                            [np.asarray(s, dtype=np.int64) for s in test_shards])
+        self._clients: dict[tuple[int, bool], ClassRealisation] = {}
 
-    def _client(self, client: int) -> ClassRealisation:
-        real = self._clients.get(client)
+    def _client(self, client: int, train: bool = True) -> ClassRealisation:
+        """The realisation of one client's shard; its test shard follows its own class
+        frequencies (all of a natural partition's test rows), the train shard's otherwise."""
+        key = (client, bool(train))
+        real = self._clients.get(key)
         if real is None:
             src = self.source
-            shard = type(src)(_subpool(src.train_pool, self.shards[client]), src.test_pool)
-            real = ClassRealisation(shard, self.concepts, self.priors[client:client + 1])
-            self._clients[client] = real
+            test = (src.test_pool if self.test_shards is None
+                    else _subpool(src.test_pool, self.test_shards[client]))
+            shard = type(src)(_subpool(src.train_pool, self.shards[client]), test)
+            priors = self.priors[client:client + 1]
+            if not train:
+                priors = _frequencies(test.labels, src.num_classes)[None]
+            real = ClassRealisation(shard, self.concepts, priors, self.oversample)
+            self._clients[key] = real
         return real
+
+    def rows(self, client: int, train: bool) -> int:
+        if train or self.test_shards is not None:
+            return self._client(client, train).rows(0, train)
+        return super().rows(client, train)
 
     def sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
                train: bool) -> tuple[np.ndarray, np.ndarray]:
-        if not train:
+        if not train and self.test_shards is None:
             return super().sample(concept, n, rng, client=client, train=False)
-        return self._client(client).sample(concept, n, rng, client=0, train=True)
+        return self._client(client, train).sample(concept, n, rng, client=0, train=train)
+
+
+def natural_realisation(source: ImageSource, concepts: Sequence[ClassConcept],
+                        groups_train: np.ndarray, groups_test: np.ndarray, names: Sequence[str],
+                        num_clients: int, column: str, oversample: bool = False
+                        ) -> ShardRealisation:
+    """Client ``k`` holds the rows of the ``k``-th value of ``partition-column`` (sorted), its
+    train rows and its own test rows. One value for several clients is a SuperNode's own file:
+    every client index reads it (only this node's is used)."""
+    check_groups(len(names), num_clients, column, names)
+    ids = [0] * num_clients if len(names) == 1 else list(range(num_clients))
+    train = [np.flatnonzero(groups_train == g) for g in ids]
+    test = [np.flatnonzero(groups_test == g) for g in ids]
+    return ShardRealisation(source, concepts, train, test, oversample)
+
+
+def check_groups(found: int, num_clients: int, column: str, names: Sequence[str]) -> None:
+    """``partition-column`` must give one value per client (or one value: a node's own file)."""
+    if found == 1 or found == num_clients:
+        return
+    shown = ", ".join(repr(n) for n in list(names)[:6]) + (", ..." if found > 6 else "")
+    raise ValueError(f"partition-column {column!r}: found {found} distinct values ({shown}) for "
+                     f"num-clients = {num_clients}; expected one value per client: set "
+                     f"num-clients = {found} (or 0: one client per value)")
 
 
 def partition_realisation(base: ClassRealisation, partition: str, disjoint: bool,
@@ -168,10 +215,12 @@ def partition_realisation(base: ClassRealisation, partition: str, disjoint: bool
             raise ValueError("disjoint = true needs a pool dataset (images, a user dataset or a "
                              "River table); a generated mixture has no pool to split")
         return ShardRealisation(src, base.concepts, disjoint_shards(
-            pool.labels, partition or "dirichlet", num_clients, alpha, k, seed))
+            pool.labels, partition or "dirichlet", num_clients, alpha, k, seed),
+            oversample=base.oversample)
     if partition in ("", "dirichlet"):
         return base
     freq = (_frequencies(pool.labels, base.num_classes) if pool is not None
             else np.full(base.num_classes, 1.0 / base.num_classes))
     return ClassRealisation(src, base.concepts,
-                            client_priors(partition, base.num_classes, num_clients, k, freq))
+                            client_priors(partition, base.num_classes, num_clients, k, freq),
+                            base.oversample)

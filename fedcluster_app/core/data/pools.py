@@ -1,5 +1,5 @@
-"""The pool arguments of a scenario (the user's ``dataset``, ``partition``, ``disjoint``, ...)
-and the pools a user's dataset or a River table makes.
+"""The pool arguments of a scenario (the user's ``dataset`` and how to read it, ``partition``,
+``disjoint``, ``oversample``, ...) and the pools a user's dataset or a River table makes.
 
 A pool family (images, ``dataset-*``, River's tables) draws each (client, step) sample from a
 train pool and a test pool; these arguments say where the pool comes from (``sources.py``)
@@ -19,7 +19,13 @@ from fedcluster_app.core.data.drift import ClassRealisation, ImageSource
 
 # the pool-only arguments (user data, partition) and their "scenario default" values
 POOL_DEFAULTS = {"dataset": "", "partition": "", "disjoint": False, "classes_per_client": 0,
-                  "test_fraction": 0.0, "num_classes": 0, "input_shape": ""}
+                  "test_fraction": 0.0, "num_classes": 0, "input_shape": "",
+                  "label_column": "", "feature_columns": "", "partition_column": "",
+                  "dataset_args": "", "remap_labels": False, "oversample": False}
+#: the arguments that say how to read the user's dataset (only ``dataset-*`` reads them)
+READ_ARGS = ("label_column", "feature_columns", "partition_column", "dataset_args",
+             "remap_labels")
+_FLAGS = ("disjoint", "remap_labels", "oversample")
 
 
 def nonneg_int(key: str, value: object) -> int:
@@ -43,27 +49,43 @@ def _pool_scenarios() -> str:
                              if d.pool}))
 
 
+def _key(name: str) -> str:
+    return name.replace("_", "-")
+
+
 def check_not_pool(key: str, args: dict) -> None:
     """A registered scenario reads none of the pool arguments: refuse any that is set."""
     if str(args["dataset"]).strip():
         raise ValueError(f"scenario {key} does not read the run-config key `dataset`; only "
                          f"{_dataset_scenarios()} do")
-    for name in ("partition", "disjoint", "num_classes", "input_shape"):
+    for name in ("partition", "disjoint", "num_classes", "input_shape", *READ_ARGS,
+                 "oversample"):
         if _pool_value(name, args[name]) != POOL_DEFAULTS[name]:
-            raise ValueError(f"scenario {key} does not read `{name.replace('_', '-')}`; it "
-                             f"applies to the pool families ({_pool_scenarios()})")
+            which = (_dataset_scenarios() if name in READ_ARGS else
+                     f"the pool families ({_pool_scenarios()})")
+            raise ValueError(f"scenario {key} does not read `{_key(name)}`; it applies to "
+                             f"{which}")
 
 
 def _pool_value(name: str, value: object) -> object:
     """One pool argument in its canonical type (the run config's strings, bools, numbers)."""
-    if name == "disjoint":
+    if name in _FLAGS:
         if isinstance(value, str) and value.strip().lower() in ("", "false", "0", "no"):
             return False
         if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"):
             return True
         if isinstance(value, (bool, int, np.bool_)):
             return bool(value)
-        raise ValueError(f"disjoint must be true or false, got {value!r}")
+        raise ValueError(f"{_key(name)} must be true or false, got {value!r}")
+    if name == "feature_columns":
+        from fedcluster_app.core.data.tables import column_names
+
+        return ",".join(column_names(value))
+    if name == "dataset_args":
+        from fedcluster_app.core.data.tables import dataset_args
+
+        dataset_args(value)   # checked here, read as given
+        return str(value).strip()
     if name in ("classes_per_client", "num_classes"):
         return nonneg_int(name, 0 if value == "" else value)
     if name == "test_fraction":
@@ -114,6 +136,20 @@ def pool_args(d: ScenarioDef, args: dict) -> tuple:
     elif v["num_classes"] or v["input_shape"]:
         raise ValueError(f"num-classes and input-shape describe the data of {_dataset_scenarios()}"
                          f"; scenario {d.name} does not read them (leave them 0 and \"\")")
+    if d.data != "dataset":
+        for name in READ_ARGS:
+            if v[name] != POOL_DEFAULTS[name]:
+                raise ValueError(f"`{_key(name)}` says how to read your dataset, which only "
+                                 f"{_dataset_scenarios()} read; scenario {d.name}'s data are its "
+                                 f"own (leave it at its default)")
+    if v["oversample"] and not d.pool:
+        raise ValueError(f"scenario {d.name} generates its data: oversample applies to the pool "
+                         f"families ({_pool_scenarios()}), whose pools may be smaller than "
+                         f"samples-per-step")
+    if v["partition_column"] and (str(v["partition"]).strip() or v["disjoint"]):
+        raise ValueError(f"partition-column = {v['partition_column']!r} gives each client its "
+                         f"own rows; partition and disjoint would be ignored (leave them \"\" "
+                         f"and false)")
     from fedcluster_app.core.data.partition import PARTITIONS
 
     part = str(v["partition"]).lower()
@@ -148,10 +184,22 @@ class PoolInfo:
     data: object | None  # sources.UserData
 
 
+def read_options(label_column: str = "", feature_columns: str = "", partition_column: str = "",
+                 dataset_args: str = "", remap_labels: bool = False):
+    """The canonical pool arguments of ``READ_ARGS`` as ``tables.ReadOptions``."""
+    from fedcluster_app.core.data import tables
+
+    return tables.ReadOptions(label_column, tables.column_names(feature_columns),
+                              partition_column, tables.dataset_args(dataset_args),
+                              bool(remap_labels))
+
+
 def user_pool_info(d: ScenarioDef, dataset: str, seed: int, test_fraction: float,
-                    num_classes: int, input_shape: str, data_dir: str) -> PoolInfo:
+                   num_classes: int, input_shape: str, data_dir: str, read=None) -> PoolInfo:
+    """``read``: the ``tables.ReadOptions`` of the run config (``read_options``)."""
     import fedcluster_app.core.data.sources as sources
 
+    read = read or sources.ReadOptions()
     spec = dataset if d.data == "dataset" else "river:" + d.data.split(":", 1)[1]
     shape = input_shape_arg(input_shape)
     if data_dir == METADATA_ONLY and not sources.spec_is_readable(spec):
@@ -161,7 +209,7 @@ def user_pool_info(d: ScenarioDef, dataset: str, seed: int, test_fraction: float
                 f"dataset {spec!r}; set the run-config keys num-classes and input-shape (e.g. "
                 f"\"1,28,28\" or \"18\") so that it knows the model without the data")
         return PoolInfo(num_classes, shape, len(shape) == 3, None)
-    data = sources.load_user_data(spec, seed, test_fraction)
+    data = sources.load_user_data(spec, seed, test_fraction, read, num_classes)
     c = data.num_classes
     if num_classes:
         if num_classes < c:

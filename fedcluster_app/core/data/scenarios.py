@@ -82,6 +82,10 @@ fewer, ``static`` has the one concept ``original``), ``rotate`` needs images: Ri
 neither with fewer than 7 classes, nor ``rotate``. Images get the ``cnn``, flat features an
 ``mlp`` of width ``max(16, 2 x features)``. ``partition`` and ``disjoint`` (``partition.py``)
 decide how any pool is shared across clients; the defaults keep every scenario's data unchanged.
+A user's table may instead name a ``partition_column``: one client per distinct value, with its
+own rows. A client whose pool holds fewer rows than a step asks for uses each row once
+(``drift.py``; ``oversample`` draws with replacement as before): ``Scenario.short_clients``
+names them, ``Scenario.rows_held`` caps what they report.
 
 Deployment: a SuperNode may hold its own file (node-config ``data-dir = "npz:PATH"``, see
 ``client_app.make_client``); the server then builds the scenario with ``data_dir =
@@ -136,13 +140,16 @@ from fedcluster_app.core.data.generators import (
     torchvision_pools,
 )
 from fedcluster_app.core.data.pools import (
+    POOL_DEFAULTS,
     check_not_pool,
     nonneg_int,
     partitioned,
     pool_args,
+    read_options,
     user_pool_info,
     user_source,
 )
+from fedcluster_app.core.data.partition import check_groups, natural_realisation
 from fedcluster_app.core.data.river_streams import river_concepts
 
 __all__ = [
@@ -150,6 +157,7 @@ __all__ = [
     "Scenario",
     "StepData",
     "build_scenario",
+    "short_clients_line",
 ]
 
 # Stream tags of the per-(client, step) generators: default_rng([data_seed, client, step, tag]).
@@ -435,7 +443,8 @@ class Scenario:
                  input_shape: tuple[int, ...], model: str, hidden: int, data_seed: int,
                  samples_per_step: int, test_samples: int, drift_pattern: str, drift_step: int,
                  dirichlet_alpha: float, concept_labels: list[str], params: tuple,
-                 holdout_clients: tuple[int, ...] = ()) -> None:
+                 holdout_clients: tuple[int, ...] = (), large_files: bool = False,
+                 notes: tuple[str, ...] = ()) -> None:
         self.name = name
         self.description = description
         self._matrix = np.asarray(matrix, dtype=np.int64).copy()
@@ -460,6 +469,9 @@ class Scenario:
         if len(self.holdout_clients) >= self.num_clients:
             raise ValueError("a scenario needs at least one client that is not held out")
         self._factory = realisation_factory
+        # its pools are read from large files (torchvision): not loaded just to report sizes
+        self._large_files = bool(large_files)
+        self._notes = tuple(notes)      # what reading the data changed (data_report)
         self._realisation: object | None = None
         self._lock = threading.Lock()
         self._cache = _BoundedCache(_nbytes)            # (client, step) -> StepData
@@ -531,6 +543,41 @@ class Scenario:
             arrays.append(a)
         return StepData(*arrays, concept=concept)
 
+    def short_clients(self) -> dict[int, tuple[int | None, int | None]]:
+        """The clients whose pool holds fewer rows than a step asks for (``samples_per_step``
+        to train, ``test_samples`` to test), which then use each of their rows once
+        (``drift.py``): client -> (train rows, test rows), None where that split is not short.
+        ``{}`` where this process cannot tell: generated data, data that live on the devices,
+        or large image files it has not loaded."""
+        if self._realisation is None and self._large_files:
+            return {}
+        try:
+            short = getattr(self.realisation, "short", None)
+        except RuntimeError:     # the server of a deployment: the data live on the devices
+            return {}
+        if short is None:
+            return {}
+        out = {}
+        for k in range(self.num_clients):
+            rows = (short(k, self.samples_per_step, True), short(k, self.test_samples, False))
+            if rows != (None, None):
+                out[k] = rows
+        return out
+
+    def data_report(self, clients: Iterable[int] | None = None) -> list[str]:
+        """The log lines a run starts with about its data: how the labels were renumbered
+        (``remap-labels``) and which of ``clients`` (default: all) are short of rows."""
+        short = self.short_clients()
+        if clients is not None:
+            short = {k: short[k] for k in clients if k in short}
+        return [*self._notes, *([short_clients_line(self, short)] if short else [])]
+
+    def rows_held(self, client: int) -> int | None:
+        """The training rows ``client`` holds when they are fewer than ``samples_per_step`` (a
+        client never reports more examples than that), else None."""
+        short = getattr(self.realisation, "short", None)
+        return short(client, self.samples_per_step, True) if short is not None else None
+
     def max_client_examples(self) -> int | None:
         """The most training examples one client holds over the whole run (every step's
         training data; servers cap a reply's num-examples with it); None when unknown."""
@@ -587,12 +634,42 @@ class Scenario:
         return data
 
 
+def short_clients_line(scenario: Scenario,
+                       short: dict[int, tuple[int | None, int | None]]) -> str:
+    """One log line on the clients of ``Scenario.short_clients`` (what they hold and do)."""
+    def rows(which: int) -> str:
+        held = {k: r[which] for k, r in short.items() if r[which] is not None}
+        if len(held) == 1:
+            (k, n), = held.items()
+            return f"client {k} holds {n} rows"
+        if len(set(held.values())) == 1:
+            return (f"clients {_ids(held)} hold {next(iter(held.values()))} rows each")
+        shown = ", ".join(f"{k}: {n}" for k, n in list(held.items())[:12])
+        return (f"clients {_ids(held)} hold fewer (client: rows {shown}"
+                f"{', ...' if len(held) > 12 else ''})")
+
+    parts = []
+    if any(r[0] is not None for r in short.values()):
+        parts.append(f"samples-per-step = {scenario.samples_per_step}, but {rows(0)}: each trains "
+                     f"on its rows once and reports that count as num-examples")
+    if any(r[1] is not None for r in short.values()):
+        parts.append(f"test-samples = {scenario.test_samples}, but {rows(1)}: each is tested on "
+                     f"those distinct rows")
+    return f"small data: {'; '.join(parts)} (oversample = true draws with replacement instead)"
+
+
+def _ids(clients: dict[int, int]) -> str:
+    ids = sorted(clients)
+    if ids == list(range(ids[0], ids[-1] + 1)) and len(ids) > 2:
+        return f"{ids[0]}-{ids[-1]}"
+    return ", ".join(map(str, ids[:20])) + (", ..." if len(ids) > 20 else "")
+
+
 # ----------------------------------------------------------------------------------- builder
 
 _PARAM_NAMES = ("name", "seed", "num_clients", "num_steps", "samples_per_step", "test_samples",
                 "schedule", "drift_pattern", "drift_step", "dirichlet_alpha", "data_dir",
-                "dataset", "partition", "disjoint", "classes_per_client", "test_fraction",
-                "num_classes", "input_shape")
+                *POOL_DEFAULTS)
 def _rebuild(params: tuple) -> Scenario:
     if params[0] in _EXTRA:
         return build_scenario(**dict(zip(_PARAM_NAMES, params)))
@@ -617,7 +694,9 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
                    data_dir: str = "", dataset: str = "", partition: str = "",
                    disjoint: bool = False, classes_per_client: int = 0,
                    test_fraction: float = 0.0, num_classes: int = 0,
-                   input_shape: str = "") -> Scenario:
+                   input_shape: str = "", label_column: str = "", feature_columns: str = "",
+                   partition_column: str = "", dataset_args: str = "",
+                   remap_labels: bool = False, oversample: bool = False) -> Scenario:
     """Build (or fetch from the cache) the scenario ``name`` (see :func:`list_scenarios`).
 
     ``0`` / ``""`` means "the scenario's default" for every argument. ``seed`` is the data seed.
@@ -642,7 +721,12 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
     ``pathological`` with ``classes_per_client``, default 2), and ``disjoint`` (disjoint client
     shards) decide how the pool is shared across clients (``partition.py``). ``num_classes``
     and ``input_shape`` (e.g. ``"1,28,28"``) describe a ``dataset`` that this process cannot
-    read (the server of a deployment, ``data_dir = METADATA_ONLY``).
+    read (the server of a deployment, ``data_dir = METADATA_ONLY``). ``label_column``,
+    ``feature_columns`` (``"a,b,c"``), ``partition_column`` (each distinct value one client's
+    rows; ``num_clients`` 0 = one client per value), ``dataset_args`` (``"key=value,..."`` for a
+    callable) and ``remap_labels`` say how to read ``dataset`` (``tables.py``, ``labels.py``);
+    ``oversample`` makes a client whose pool holds fewer rows than a step asks for draw with
+    replacement instead of using each row once (``drift.py``).
 
     Identical arguments return the same (cached) object.
 
@@ -654,7 +738,9 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
     key = str(name).strip().lower()
     given = dict(dataset=dataset, partition=partition, disjoint=disjoint,
                  classes_per_client=classes_per_client, test_fraction=test_fraction,
-                 num_classes=num_classes, input_shape=input_shape)
+                 num_classes=num_classes, input_shape=input_shape, label_column=label_column,
+                 feature_columns=feature_columns, partition_column=partition_column,
+                 dataset_args=dataset_args, remap_labels=remap_labels, oversample=oversample)
     if key in _EXTRA:
         check_not_pool(key, given)
         return _EXTRA[key][1](
@@ -695,9 +781,12 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
         data_dir = os.path.abspath(os.path.expanduser(data_dir))
     elif not (d.data == "dataset" and data_dir == METADATA_ONLY):  # a server may lack `dataset`
         data_dir = ""
+    pool = pool_args(d, given)
+    if alpha and dict(zip(POOL_DEFAULTS, pool))["partition_column"]:
+        raise ValueError("partition-column gives each client its own rows and their class "
+                         "frequencies; dirichlet-alpha would be ignored (leave it 0)")
     if alpha == 0.0 or d.tabular:
         alpha = d.alpha if not d.tabular else math.inf
-    pool = pool_args(d, given)
     return _build_cached(key, seed, num_clients, num_steps, samples_per_step or d.samples,
                          test_samples or d.test_samples, schedule, pattern, drift_step, alpha,
                          data_dir, *pool)
@@ -715,13 +804,25 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
                   test_samples: int, schedule: str, pattern: str, drift_step: int, alpha: float,
                   data_dir: str, dataset: str = "", partition: str = "", disjoint: bool = False,
                   classes_per_client: int = 0, test_fraction: float = 0.0, num_classes: int = 0,
-                  input_shape: str = "") -> Scenario:
+                  input_shape: str = "", label_column: str = "", feature_columns: str = "",
+                  partition_column: str = "", dataset_args: str = "", remap_labels: bool = False,
+                  oversample: bool = False) -> Scenario:
     d = _DEFS[name]
     params = (name, seed, num_clients, num_steps, samples, test_samples, schedule, pattern,
               drift_step, alpha, data_dir, dataset, partition, disjoint, classes_per_client,
-              test_fraction, num_classes, input_shape)
-    info = (user_pool_info(d, dataset, seed, test_fraction, num_classes, input_shape, data_dir)
-            if d.user_pool else None)
+              test_fraction, num_classes, input_shape, label_column, feature_columns,
+              partition_column, dataset_args, remap_labels, oversample)
+    read = read_options(label_column, feature_columns, partition_column, dataset_args,
+                        remap_labels)
+    info = (user_pool_info(d, dataset, seed, test_fraction, num_classes, input_shape, data_dir,
+                           read) if d.user_pool else None)
+    # partition-column: one client per distinct value (known where the data are readable)
+    natural = (len(info.data.group_names) if partition_column and info is not None
+               and info.data is not None else 0)
+    if partition_column and not (num_clients or natural):
+        raise ValueError(f"partition-column {partition_column!r}: this process (the server of a "
+                         f"deployment) cannot read dataset {dataset!r} to count its values; set "
+                         f"num-clients")
     fam = _family(d) if info is None else _family(d, info.num_classes, info.image)
     n_base = len(fam.concepts)
     description = d.description
@@ -742,7 +843,7 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
         source = what
         description += f" [{what}]"
     else:
-        p = num_clients or d.num_clients
+        p = num_clients or natural or d.num_clients
         t = num_steps or d.num_steps
         own = pattern or d.schedule
         if own in DRIFT_PATTERNS:
@@ -766,6 +867,8 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
         drift_step = int(changed[0]) + 2 if len(changed) else 0
 
     p = m.shape[1]
+    if natural:
+        check_groups(natural, p, partition_column, info.data.group_names)
     concepts = list(concepts)
     if d.tabular:
         def factory(concepts=concepts):
@@ -795,16 +898,22 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
             input_shape, model, hidden = (1, 8, 8), "cnn", 0
 
             def factory(concepts=concepts, priors=priors):
-                return ClassRealisation(ImageSource(*digits_pools(seed)), concepts, priors)
+                return ClassRealisation(ImageSource(*digits_pools(seed)), concepts, priors,
+                                        oversample)
         elif info is not None:  # a user's dataset or a River table (sources.py)
             input_shape = info.input_shape
             model, hidden = ("cnn", 0) if info.image else ("mlp", max(16, 2 * input_shape[0]))
 
-            def factory(concepts=concepts, priors=priors, info=info):
+            def factory(concepts=concepts, priors=priors, info=info, p=p):
                 if info.data is None:
                     raise RuntimeError(f"scenario {name} was built without its data (on the "
                                        f"server of a deployment); its data live on the clients")
-                return ClassRealisation(user_source(info), concepts, priors)
+                if partition_column:
+                    data = info.data
+                    return natural_realisation(user_source(info), concepts, data.groups_train,
+                                               data.groups_test, data.group_names, p,
+                                               partition_column, oversample)
+                return ClassRealisation(user_source(info), concepts, priors, oversample)
         else:
             from fedcluster_app.core.data.loaders import IMAGE_DATASETS, _check_files
 
@@ -817,7 +926,9 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
                     raise RuntimeError(f"scenario {name} was built without its data (on the "
                                        f"server of a deployment); its data live on the clients")
                 return ClassRealisation(ImageSource(*torchvision_pools(d.data, data_dir)),
-                                        concepts, priors)
+                                        concepts, priors, oversample)
+        if partition_column:
+            description += f" [partition-column {partition_column}: one client per value]"
         if partition not in ("", "dirichlet") or disjoint:
             factory = partitioned(factory, partition, disjoint, p, alpha, classes_per_client,
                                    seed)
@@ -828,5 +939,7 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
         num_classes=num_classes, input_shape=input_shape, model=model, hidden=hidden,
         data_seed=seed, samples_per_step=samples, test_samples=test_samples,
         drift_pattern=source, drift_step=drift_step, dirichlet_alpha=alpha,
-        concept_labels=list(labels), params=params,
+        concept_labels=list(labels), params=params, large_files=d.needs_data_dir,
+        notes=(info.data.label_note,) if info is not None and info.data is not None
+        and info.data.label_note else (),
     )

@@ -12,13 +12,17 @@ The ``dataset-*`` scenarios (and the River table families, ``imagesegments-*``, 
                             All images must have the same size; they are read as grayscale when
                             every image is, as RGB otherwise (read with PIL, without importing
                             torch)
+``csv:PATH``                a CSV file (a header row of column names, one row per sample; read with
+                            ``pandas.read_csv``), one column per feature
+``parquet:PATH``            a Parquet file (``pandas.read_parquet`` through pyarrow), the same
 ``hf-disk:PATH``            a Hugging Face / Flower Datasets dataset written by ``save_to_disk``: a
                             ``Dataset``, or a ``DatasetDict`` with ``train`` (and optionally
-                            ``test``), read offline with ``datasets.load_from_disk``. The input and
-                            label columns are found by name (``INPUT_COLUMNS``, ``LABEL_COLUMNS``)
-``package.module:callable`` imported and called, with ``seed=<data seed>`` if it has a ``seed``
-                            parameter and with no argument otherwise; it returns ``(x, y)``,
-                            ``(x, y, x_test, y_test)`` or a torch ``Dataset`` of ``(x, y)`` pairs
+                            ``test``), read offline with ``datasets.load_from_disk``; one column
+                            per feature, or one column of images or arrays
+``package.module:callable`` imported and called with the keyword arguments of ``dataset-args``
+                            and ``seed=<data seed>`` if it has a ``seed`` parameter; it returns
+                            ``(x, y)``, ``(x, y, x_test, y_test)``, a torch ``Dataset`` of
+                            ``(x, y)`` pairs or a pandas ``DataFrame`` (a table, as ``csv:``)
 ``river:<Table>``           a classification table bundled inside River's wheel (``RIVER_TABLES``);
                             features in River's key order, labels mapped to ``0..C-1`` in sorted
                             order. Never a remote River dataset
@@ -26,16 +30,23 @@ The ``dataset-*`` scenarios (and the River table families, ``imagesegments-*``, 
 
 Rules:
 
+* the columns of a table (``csv:``, ``parquet:``, ``hf-disk:``, a DataFrame) are chosen by the
+  run-config keys ``label-column``, ``feature-columns`` and ``partition-column``
+  (``tables.py``); the other forms have no columns and refuse these keys;
 * without a test split, the data are split stratified by class: a fraction ``test_fraction`` of
-  every class goes to test, drawn from the data seed;
+  every class goes to test, drawn from the data seed. With ``partition-column`` each distinct
+  value's rows are split on their own (a random ``test_fraction`` of them, at least one row on
+  each side), so that every client has rows to train and to test on;
+* a source without a single row is refused, naming it;
 * inputs with 3 or 4 dimensions are images, stored ``(N, C, H, W)``: ``(N, H, W)`` gets one
   channel; a 4-d array whose last axis has 1, 3 or 4 entries and whose second axis has more is
   channels-last ``(N, H, W, C)`` and is transposed. Integer images (``uint8``, values 0..255) are
   scaled to ``[0, 1]`` by 255 when drawn; float images are used as given (scale them to ``[0, 1]``);
 * inputs with 1 or 2 dimensions are flat features, standardised with the mean and standard
   deviation of the train split (a constant feature keeps std 1);
-* labels are integers in ``[0, C)``, ``C`` = the largest label + 1 (River tables: the number of
-  distinct labels). Strings, negatives and non-integral floats are refused.
+* labels are the classes ``0..C-1``, every one occurring (River tables: their distinct labels
+  in sorted order); anything else is refused, or renumbered with ``remap-labels = true``
+  (``labels.py``).
 
 Everything is read from local files (nothing is downloaded) and cached per process; the arrays
 are read-only. Errors name the run-config key ``dataset``, the path and what was expected.
@@ -51,11 +62,26 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster_app.core.data.labels import class_codes
+from fedcluster_app.core.data.tables import (
+    INPUT_COLUMNS,
+    LABEL_COLUMNS,
+    ReadOptions,
+    Table,
+    closest,
+    frame_table,
+    read_csv,
+    read_hf,
+    read_parquet,
+)
+
 __all__ = [
     "FILE_KINDS",
     "INPUT_COLUMNS",
     "LABEL_COLUMNS",
     "RIVER_TABLES",
+    "TABLE_KINDS",
+    "ReadOptions",
     "UserData",
     "is_node_spec",
     "load_user_data",
@@ -65,12 +91,11 @@ __all__ = [
 
 KEY = "dataset"  # the run-config key named in every error
 #: spec prefixes that name a local file or folder (what a SuperNode's data-dir may hold)
-FILE_KINDS = ("npz", "imagefolder", "hf-disk")
+FILE_KINDS = ("npz", "imagefolder", "hf-disk", "csv", "parquet")
+#: the file kinds that are tables, whose columns label-column & co. name
+TABLE_KINDS = ("csv", "parquet", "hf-disk")
 #: the classification tables River ships inside its wheel (read from its package directory)
 RIVER_TABLES = ("Bananas", "ImageSegments", "Phishing", "Shuttle")
-#: column names recognised in an hf-disk dataset, by role
-INPUT_COLUMNS = ("image", "img", "x", "pixels", "features", "inputs", "input")
-LABEL_COLUMNS = ("label", "labels", "y", "target", "class", "fine_label")
 TAG_POOL_SPLIT = 11  # as generators.TAG_POOL_SPLIT: default_rng([seed, 0, 0, 11]) splits pools
 
 
@@ -80,6 +105,9 @@ class UserData:
 
     ``x_*`` are ``(N, C, H, W)`` images (values in ``[0, max_value]``, e.g. ``uint8`` with
     ``max_value`` 255) or ``(N, F)`` ``float32`` standardised features; ``y_*`` are ``int64``.
+    With ``partition-column``, ``groups_*`` give each row's value as an index into
+    ``group_names`` (the distinct values, sorted). ``label_note`` says how ``remap-labels``
+    renumbered the labels (``""``: they were kept); the run logs it once.
     """
 
     spec: str
@@ -90,6 +118,10 @@ class UserData:
     num_classes: int
     image: bool
     max_value: float = 1.0
+    groups_train: np.ndarray | None = None
+    groups_test: np.ndarray | None = None
+    group_names: tuple[str, ...] = ()
+    label_note: str = ""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -117,13 +149,13 @@ def parse_dataset_spec(spec: str) -> tuple[str, str]:
     if is_import_path(text):
         return "module", text
     raise ValueError(
-        f"{KEY}: {text!r} is not a dataset spec; expected npz:PATH, imagefolder:PATH, "
-        f"hf-disk:PATH, river:<Table> (one of {', '.join(RIVER_TABLES)}) or "
+        f"{KEY}: {text!r} is not a dataset spec; expected npz:PATH, csv:PATH, parquet:PATH, "
+        f"imagefolder:PATH, hf-disk:PATH, river:<Table> (one of {', '.join(RIVER_TABLES)}) or "
         f"package.module:callable")
 
 
 def is_node_spec(value: object) -> bool:
-    """True for ``npz:``/``imagefolder:``/``hf-disk:`` specs (a SuperNode's own data file)."""
+    """True for the file specs (``npz:``, ``csv:``, ... : a SuperNode's own data file)."""
     kind, sep, _ = str(value).strip().partition(":")
     return bool(sep) and kind.strip().lower() in FILE_KINDS
 
@@ -138,44 +170,90 @@ def spec_is_readable(spec: str) -> bool:
 # ----------------------------------------------------------------------------------- loading
 
 
-def load_user_data(spec: str, seed: int = 0, test_fraction: float = 0.25) -> UserData:
+def load_user_data(spec: str, seed: int = 0, test_fraction: float = 0.25,
+                   read: ReadOptions = ReadOptions(), num_classes: int = 0) -> UserData:
     """Load ``spec`` (module docstring), split and scale it; cached per process.
+
+    ``read`` holds the run-config keys that say how to read it (columns, a callable's
+    arguments, ``remap-labels``); ``num_classes`` is the run config's (0 = from the data).
 
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: an unreadable file, a bad shape, bad labels, or a callable that returns
-            something else than documented; the message names ``dataset`` and the path.
+        ValueError: an unreadable or empty file, a bad shape, bad labels, a column that does
+            not exist, or a callable that returns something else than documented; the message
+            names ``dataset`` and the path.
     """
     kind, ref = parse_dataset_spec(spec)
     test_fraction = float(test_fraction)
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test-fraction must be in (0, 1), got {test_fraction}")
     seed = int(seed)
-    return _load_cached(kind, ref, seed if kind == "module" else 0, seed, test_fraction)
+    return _load_cached(kind, ref, seed if kind == "module" else 0, seed, test_fraction, read,
+                        int(num_classes))
+
+
+@dataclass
+class _Raw:
+    """A source as it holds its data: inputs, labels (any type), the optional test split,
+    the number of classes it declares (0 = none) and each row's partition value."""
+
+    x: np.ndarray
+    y: np.ndarray
+    x_test: np.ndarray | None = None
+    y_test: np.ndarray | None = None
+    num_classes: int = 0
+    groups: np.ndarray | None = None
+    groups_test: np.ndarray | None = None
+    label_name: str = "y"
+
+    @classmethod
+    def of_tables(cls, train: Table, test: Table | None = None) -> _Raw:
+        name = f"label column {train.label!r}"
+        if test is None:
+            return cls(train.x, train.y, groups=train.groups, label_name=name)
+        return cls(train.x, train.y, test.x, test.y, groups=train.groups,
+                   groups_test=test.groups, label_name=name)
 
 
 @lru_cache(maxsize=8)
-def _load_cached(kind: str, ref: str, read_seed: int, seed: int, test_fraction: float
-                 ) -> UserData:
+def _load_cached(kind: str, ref: str, read_seed: int, seed: int, test_fraction: float,
+                 read: ReadOptions, num_classes: int) -> UserData:
     where = f"{KEY} {kind}:{ref}" if kind != "module" else f"{KEY} {ref}"
-    x, y, x_te, y_te, num_classes = _read(kind, ref, read_seed)
-    x = _inputs(x, where, "x")
-    y = _labels(y, len(x), where, "y")
-    if x_te is None:
-        from fedcluster_app.core.data.generators import stratified_split
-
-        rng = np.random.default_rng([seed, 0, 0, TAG_POOL_SPLIT])
-        tr, te = stratified_split(y, test_fraction, rng)
-        x, y, x_te, y_te = x[tr], y[tr], x[te], y[te]
-    else:
-        x_te = _inputs(x_te, where, "x_test")
-        y_te = _labels(y_te, len(x_te), where, "y_test")
+    if read.names_columns and kind not in (*TABLE_KINDS, "module"):
+        raise ValueError(f"label-column, feature-columns and partition-column name the columns "
+                         f"of a table (csv:, parquet:, hf-disk: or a DataFrame a callable "
+                         f"returns); {where} has none (leave them \"\")")
+    if read.dataset_args and kind != "module":
+        raise ValueError(f"dataset-args are the keyword arguments of a package.module:callable "
+                         f"dataset; {where} is a file (leave dataset-args \"\")")
+    raw = _read(kind, ref, read_seed, read, where)
+    if len(raw.y) == 0 or len(np.asarray(raw.x)) == 0:
+        raise ValueError(f"{where}: holds no samples ({len(np.asarray(raw.x))} inputs, "
+                         f"{len(raw.y)} labels); expected at least one row")
+    x = _inputs(raw.x, where, "x")
+    parts = [(_label_shape(raw.y, len(x), where, raw.label_name), raw.label_name)]
+    if raw.x_test is not None:
+        x_te = _inputs(raw.x_test, where, "x_test")
+        test_name = raw.label_name + (" (test split)" if raw.label_name != "y" else "_test")
+        parts.append((_label_shape(raw.y_test, len(x_te), where, test_name), test_name))
         if x_te.shape[1:] != x.shape[1:]:
             raise ValueError(f"{where}: test inputs have shape {x_te.shape[1:]} but train inputs "
                              f"{x.shape[1:]}; expected the same shape")
-    if len(y) == 0:
-        raise ValueError(f"{where}: the train split is empty; expected at least one sample")
-    c = num_classes or int(max(y.max(), y_te.max() if len(y_te) else 0)) + 1
+    codes, c, note = class_codes(parts, where, read.remap_labels, num_classes, raw.num_classes)
+    y = codes[0]
+    g = g_te = None
+    names: tuple[str, ...] = ()
+    if raw.groups is not None:
+        g, g_te, names = _group_index(raw, where, read.partition_column)
+    if raw.x_test is None:
+        rng = np.random.default_rng([seed, 0, 0, TAG_POOL_SPLIT])
+        tr, te = (_group_split(g, names, test_fraction, rng, where, read.partition_column)
+                  if g is not None else _stratified(y, test_fraction, rng))
+        x, y, x_te, y_te = x[tr], y[tr], x[te], y[te]
+        if g is not None:
+            g, g_te = g[tr], g[te]
+    else:
+        y_te = codes[1]
     if c < 2:
         raise ValueError(f"{where}: found only class 0; expected labels of at least 2 classes")
     image = x.ndim == 4
@@ -196,27 +274,89 @@ def _load_cached(kind: str, ref: str, read_seed: int, seed: int, test_fraction: 
         std[~(std > 1e-12)] = 1.0
         x, x_te = (x - mean) / std, (x_te - mean) / std
     arrays = [np.ascontiguousarray(a) for a in (x, y, x_te, y_te)]
-    for a in arrays:
-        a.setflags(write=False)
+    groups = [np.ascontiguousarray(a, dtype=np.int64) for a in (g, g_te)] if g is not None \
+        else [None, None]
+    for a in [*arrays, *groups]:
+        if a is not None:
+            a.setflags(write=False)
     return UserData(f"{kind}:{ref}" if kind != "module" else ref, *arrays, num_classes=int(c),
-                    image=image, max_value=max_value)
+                    image=image, max_value=max_value, groups_train=groups[0],
+                    groups_test=groups[1], group_names=names, label_note=note)
 
 
-def _read(kind: str, ref: str, seed: int):
-    """``(x, y, x_test | None, y_test | None, num_classes | 0)`` as the source holds them."""
+def _stratified(y: np.ndarray, test_fraction: float, rng: np.random.Generator):
+    from fedcluster_app.core.data.generators import stratified_split
+
+    return stratified_split(y, test_fraction, rng)
+
+
+def _group_index(raw: _Raw, where: str, column: str
+                 ) -> tuple[np.ndarray, np.ndarray | None, tuple[str, ...]]:
+    """Each row's partition value as an index into the sorted distinct values of the train
+    rows (and the test rows', which must be among them and cover every value)."""
+    values = np.unique(raw.groups)
+    g = np.searchsorted(values, raw.groups).astype(np.int64)
+    names = tuple(str(v.item() if isinstance(v, np.generic) else v) for v in values)
+    if raw.groups_test is None:
+        return g, None, names
+    pos = np.clip(np.searchsorted(values, raw.groups_test), 0, len(values) - 1)
+    foreign = raw.groups_test[values[pos] != raw.groups_test]
+    if len(foreign):
+        raise ValueError(f"{where}: partition column {column!r} of the test split holds values "
+                         f"the train split lacks, such as {foreign[0]!r}; expected every test "
+                         f"row to belong to a client of the train split")
+    g_te = pos.astype(np.int64)
+    untested = sorted(set(range(len(values))) - set(g_te.tolist()))
+    if untested:
+        raise ValueError(f"{where}: partition column {column!r}: the values "
+                         f"{[names[i] for i in untested[:5]]} have no rows in the test split; "
+                         f"expected test rows for every client")
+    return g, g_te, names
+
+
+def _group_split(g: np.ndarray, names: tuple[str, ...], test_fraction: float,
+                 rng: np.random.Generator, where: str, column: str
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Indices ``(train, test)``: of each partition value's rows a random ``test_fraction``
+    goes to test, at least one row on each side."""
+    sizes = np.bincount(g, minlength=len(names))
+    lonely = [names[i] for i in np.flatnonzero(sizes < 2)]
+    if lonely:
+        raise ValueError(f"{where}: partition column {column!r}: {len(lonely)} values have a "
+                         f"single row (such as {lonely[0]!r}); every client needs at least 2 "
+                         f"rows, one to train on and one to test on (drop or merge them)")
+    train, test = [], []
+    for i in range(len(names)):
+        rows = np.flatnonzero(g == i)
+        rows = rows[rng.permutation(len(rows))]
+        k = min(max(1, int(round(test_fraction * len(rows)))), len(rows) - 1)
+        test.append(rows[:k])
+        train.append(rows[k:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def _read(kind: str, ref: str, seed: int, read: ReadOptions, where: str) -> _Raw:
+    """The source as it holds its data."""
     if kind == "river":
         return _read_river(ref)
     if kind == "module":
-        return _read_module(ref, seed)
+        return _read_module(ref, seed, read, where)
     if not os.path.exists(ref):
         raise FileNotFoundError(f"{KEY}: {kind}:{ref}: no such file or directory (expected "
                                 f"{_EXPECTED[kind]}; nothing is downloaded)")
-    reader = {"npz": _read_npz, "imagefolder": _read_imagefolder, "hf-disk": _read_hf}[kind]
-    return reader(ref)
+    if kind in TABLE_KINDS:
+        if kind == "hf-disk":
+            train, test = read_hf(ref, read, where)
+        else:
+            train, test = (read_csv if kind == "csv" else read_parquet)(ref, read, where), None
+        return _Raw.of_tables(train, test)
+    return {"npz": _read_npz, "imagefolder": _read_imagefolder}[kind](ref)
 
 
 _EXPECTED = {
     "npz": "a .npz file with arrays x and y, optionally x_test and y_test",
+    "csv": "a CSV file with a header row",
+    "parquet": "a Parquet file",
     "imagefolder": "a folder of class sub-folders, or one with train/ and test/ such folders",
     "hf-disk": "a folder written by datasets' save_to_disk",
 }
@@ -237,7 +377,7 @@ def _read_npz(path: str):
     if ("x_test" in arrays) != ("y_test" in arrays):
         raise ValueError(f"{where}: give both x_test and y_test, or neither (found "
                          f"{sorted(arrays)})")
-    return arrays["x"], arrays["y"], arrays.get("x_test"), arrays.get("y_test"), 0
+    return _Raw(arrays["x"], arrays["y"], arrays.get("x_test"), arrays.get("y_test"))
 
 
 def _read_imagefolder(path: str):
@@ -287,8 +427,8 @@ def _read_imagefolder(path: str):
     x = x[:, None] if gray else x.transpose(0, 3, 1, 2)
     y = np.asarray([label for _, label in samples], dtype=np.int64)
     if not split:
-        return x, y, None, None, len(classes)
-    return x[:n_train], y[:n_train], x[n_train:], y[n_train:], len(classes)
+        return _Raw(x, y, num_classes=len(classes))
+    return _Raw(x[:n_train], y[:n_train], x[n_train:], y[n_train:], num_classes=len(classes))
 
 
 #: torchvision's ImageFolder extensions
@@ -310,85 +450,26 @@ def _folder_samples(folder: Path, class_to_idx: dict[str, int]) -> list[tuple[st
     return out
 
 
-def _read_hf(path: str):
-    where = f"{KEY} hf-disk:{path}"
-    import datasets
-
-    try:
-        obj = datasets.load_from_disk(path)
-    except Exception as exc:
-        raise ValueError(f"{where}: cannot read it with datasets.load_from_disk "
-                         f"({type(exc).__name__}: {exc}); expected {_EXPECTED['hf-disk']}"
-                         ) from exc
-    if isinstance(obj, datasets.DatasetDict):
-        if "train" not in obj:
-            raise ValueError(f"{where}: the DatasetDict has splits {sorted(obj)}; expected a "
-                             f"'train' split (and optionally 'test')")
-        train, test = obj["train"], obj.get("test")
-    else:
-        train, test = obj, None
-    x_col, y_col = _hf_columns(train, where)
-    x, y = _hf_arrays(train, x_col, y_col, where)
-    if test is None:
-        return x, y, None, None, 0
-    for col in (x_col, y_col):
-        if col not in test.column_names:
-            raise ValueError(f"{where}: the test split lacks column {col!r} (it has "
-                             f"{test.column_names})")
-    return (x, y, *_hf_arrays(test, x_col, y_col, where), 0)
-
-
-def _hf_columns(ds, where: str) -> tuple[str, str]:
-    from datasets import ClassLabel, Image
-
-    cols = list(ds.column_names)
-    lower = {c.lower(): c for c in cols}
-
-    def pick(names: tuple[str, ...], role: str, fallback: list[str]) -> str:
-        found = [lower[n] for n in names if n in lower]
-        if len(found) == 1:
-            return found[0]
-        if not found and len(fallback) == 1:
-            return fallback[0]
-        problem = "several candidates " + str(found) if found else "no column named like one of "\
-            + ", ".join(names)
-        raise ValueError(f"{where}: cannot tell the {role} column: {problem}; the columns are "
-                         f"{cols}. Keep one {role} column named one of {', '.join(names)}")
-
-    feats = ds.features
-    images = [c for c in cols if isinstance(feats[c], Image)]
-    labels = [c for c in cols if isinstance(feats[c], ClassLabel)]
-    return pick(INPUT_COLUMNS, "input", images), pick(LABEL_COLUMNS, "label", labels)
-
-
-def _hf_arrays(ds, x_col: str, y_col: str, where: str) -> tuple[np.ndarray, np.ndarray]:
-    values = [np.asarray(v) for v in ds[x_col]]
-    shapes = {v.shape for v in values}
-    if len(shapes) > 1:
-        raise ValueError(f"{where}: column {x_col!r} holds inputs of different shapes "
-                         f"{sorted(shapes)[:3]}; expected one shape")
-    x = np.stack(values) if values else np.zeros((0,))
-    return x, np.asarray(list(ds[y_col]))
-
-
-def _read_module(path: str, seed: int):
+def _read_module(path: str, seed: int, read: ReadOptions, where: str) -> _Raw:
     from fedcluster_app.core.plugins import import_object
 
     fn = import_object(path, KEY)
     if not callable(fn):
         raise ValueError(f"{KEY}: {path!r} is {type(fn).__name__}, not a callable")
-    try:
-        takes_seed = "seed" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        takes_seed = False
-    out = fn(seed=seed) if takes_seed else fn()
-    expected = ("expected (x, y) arrays, (x, y, x_test, y_test) or a torch Dataset of (x, y) "
-                "pairs")
+    out = fn(**_call_arguments(fn, path, seed, read))
+    expected = ("expected (x, y) arrays, (x, y, x_test, y_test), a torch Dataset of (x, y) "
+                "pairs or a pandas DataFrame")
+    if _is_data_frame(out):
+        return _Raw.of_tables(frame_table(out, read, where))
+    if read.names_columns:
+        raise ValueError(f"label-column, feature-columns and partition-column name the columns "
+                         f"of a table; {path} returned {type(out).__name__}, which has none "
+                         f"(return a pandas DataFrame, or leave them \"\")")
     if isinstance(out, (tuple, list)):
         if len(out) == 2:
-            return np.asarray(out[0]), np.asarray(out[1]), None, None, 0
+            return _Raw(np.asarray(out[0]), np.asarray(out[1]))
         if len(out) == 4:
-            return (*(np.asarray(a) for a in out), 0)
+            return _Raw(*(np.asarray(a) for a in out))
         raise ValueError(f"{KEY}: {path} returned a sequence of {len(out)} items; {expected}")
     if hasattr(out, "__getitem__") and hasattr(out, "__len__") and _is_torch_dataset(out):
         xs, ys = [], []
@@ -402,8 +483,46 @@ def _read_module(path: str, seed: int):
         if len({a.shape for a in xs}) > 1:
             raise ValueError(f"{KEY}: {path} returned a Dataset with inputs of different shapes; "
                              f"expected one shape")
-        return np.stack(xs) if xs else np.zeros((0,)), np.asarray(ys), None, None, 0
+        return _Raw(np.stack(xs) if xs else np.zeros((0,)), np.asarray(ys))
     raise ValueError(f"{KEY}: {path} returned {type(out).__name__}; {expected}")
+
+
+def _call_arguments(fn, path: str, seed: int, read: ReadOptions) -> dict[str, object]:
+    """The keyword arguments of the dataset callable: ``dataset-args``, plus ``seed`` (the data
+    seed) when it takes one; an argument it does not take, or a required one left out, is
+    refused before it is called."""
+    kwargs = dict(read.dataset_args)
+    if "seed" in kwargs:
+        raise ValueError(f"dataset-args sets seed; {path} gets the data seed itself (run-config "
+                         f"key data-seed) when it has a seed parameter")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return kwargs
+    params = signature.parameters
+    if "seed" in params:
+        kwargs["seed"] = seed
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        names = [n for n in params if n != "seed"]
+        for key in kwargs:
+            if key not in params:
+                raise ValueError(f"dataset-args: {path} has no parameter {key!r}"
+                                 f"{closest(key, names)}; its parameters are {names}")
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"dataset-args: {path} cannot be called with {sorted(kwargs)}: {exc} "
+                         f"(give its required parameters in dataset-args, e.g. "
+                         f"\"path=data/iris.csv\")") from None
+    return kwargs
+
+
+def _is_data_frame(obj: object) -> bool:
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - a dependency
+        return False
+    return isinstance(obj, pd.DataFrame)
 
 
 def _is_torch_dataset(obj: object) -> bool:
@@ -440,7 +559,7 @@ def _read_river(name: str):
     classes = sorted(set(labels))
     index = {c: i for i, c in enumerate(classes)}
     y = np.asarray([index[v] for v in labels], dtype=np.int64)
-    return np.asarray(rows, dtype=np.float32), y, None, None, len(classes)
+    return _Raw(np.asarray(rows, dtype=np.float32), y, num_classes=len(classes))
 
 
 # ------------------------------------------------------------------------------- validation
@@ -465,25 +584,12 @@ def _inputs(x: np.ndarray, where: str, name: str) -> np.ndarray:
     return x
 
 
-def _labels(y: np.ndarray, n: int, where: str, name: str) -> np.ndarray:
+def _label_shape(y: np.ndarray, n: int, where: str, name: str) -> np.ndarray:
+    """One label per input, as a 1-d array (``labels.py`` checks the values)."""
     y = np.asarray(y)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim != 1 or len(y) != n:
         raise ValueError(f"{where}: {name} has shape {y.shape} for {n} inputs; expected ({n},) "
                          f"integer labels")
-    if y.dtype.kind == "b":
-        return y.astype(np.int64)
-    if y.dtype.kind not in "iuf":
-        example = y[0].item() if len(y) else ""
-        raise ValueError(f"{where}: {name} holds {y.dtype} labels such as {example!r}; expected "
-                         f"integers 0..C-1 (map class names to integers first)")
-    if y.dtype.kind == "f":
-        if not (np.all(np.isfinite(y)) and np.all(y == np.round(y))):
-            bad = y[~(np.isfinite(y) & (y == np.round(y)))][0].item()
-            raise ValueError(f"{where}: {name} holds the non-integral label {bad!r}; expected "
-                             f"integers 0..C-1")
-    if len(y) and y.min() < 0:
-        raise ValueError(f"{where}: {name} holds the negative label {y.min().item()}; expected integers "
-                         f"0..C-1")
-    return y.astype(np.int64)
+    return y

@@ -38,6 +38,7 @@ from fedcluster_app.core.data.drift import (
     ClassRealisation,
     ImageSource,
     MixtureSource,
+    largest_remainder,
     swap_permutation,
 )
 from fedcluster_app.core.data.generators import digits_pools
@@ -55,14 +56,7 @@ class ExactLabelRealisation(ClassRealisation):
 
     def draw_labels(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
                     train: bool) -> np.ndarray:
-        p = self.class_prior(concept, client, train)
-        raw = p * n
-        counts = np.floor(raw).astype(np.int64)
-        rest = n - int(counts.sum())
-        if rest > 0:
-            order = sorted(range(len(p)), key=lambda j: (-(raw[j] - counts[j]), j))
-            for j in order[:rest]:
-                counts[j] += 1
+        counts = largest_remainder(self.class_prior(concept, client, train), n)
         y_true = rng.permutation(np.repeat(np.arange(self.num_classes), counts))
         return y_true
 
