@@ -92,10 +92,24 @@ def test_a_bad_model_is_refused_before_round_one_naming_the_key(path, message):
 
 
 def test_personalised_strategies_refuse_a_model_without_the_two_parts():
-    with pytest.raises(ConfigError, match="fedccfa needs a `features` submodule"):
-        api.make_strategy("fedccfa", model="tests.plugins.my_model:headless",
-                          scenario="digits-swap")
-    api.make_strategy("fedavg", model="tests.plugins.my_model:headless", scenario="digits-swap")
+    for name in ("fedccfa", "fedrep", "fedbabu"):
+        with pytest.raises(ConfigError, match=f"{name} needs a `features` submodule"):
+            api.make_strategy(name, model="tests.plugins.my_model:headless",
+                              scenario="digits-swap")
+    for name in ("fedavg", "flash"):
+        api.make_strategy(name, model="tests.plugins.my_model:headless", scenario="digits-swap")
+
+
+def test_any_strategy_that_declares_it_needs_the_two_parts_is_refused_before_round_one():
+    class SplitFedAvg(api.FedAvg):
+        needs_split_model = True
+
+    exp = load_experiment(merge_overrides(default_run_config(), {
+        "model": "tests.plugins.my_model:headless", "scenario": "digits-swap"}))
+    with pytest.raises(ConfigError, match="fedavg needs a `features` submodule with parameters "
+                                          "and a `classifier` submodule"):
+        SplitFedAvg(exp)
+    api.FedAvg(exp)
 
 
 def test_the_numpy_kernel_serves_only_the_built_in_mlp(fast_config):

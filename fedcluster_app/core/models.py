@@ -4,8 +4,8 @@ user's own.
 ``model = "module:callable"`` names a user's model: ``callable(input_shape, num_classes)``
 returns a ``torch.nn.Module`` whose output is ``(batch, num_classes)`` logits. Any such module
 works with the strategies that exchange whole models. The personalised ones (FedCCFA, FedRep,
-FedBABU, Flash) and Fielding's representations also need the two parts told apart, as the
-built-in models have them: a ``features`` submodule (the body, with parameters) and a
+FedBABU: strategies with ``needs_split_model``) and Fielding's representations also need the
+two parts told apart, as the built-in models have them: a ``features`` submodule (the body, with parameters) and a
 ``classifier`` submodule that is one ``nn.Linear`` on its output. Weights travel as a list of
 NumPy arrays in ``state_dict`` order (buffers such as BatchNorm statistics included);
 ``ModelSpec`` is everything needed to rebuild a model.
