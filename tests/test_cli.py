@@ -62,6 +62,16 @@ def test_unknown_scenario_exits_2_and_lists_the_valid_ones(tmp_path, capsys):
     assert "imagenet" in err and "circle2" in err and "digits-swap" in err
 
 
+@pytest.mark.parametrize("flag, typo, meant", [
+    ("--scenario", "mixtrue-swap", "mixture-swap"), ("--scenario", "Digits-Swp", "digits-swap"),
+    ("--strategy", "IFCA", "ifca"), ("--strategy", "FedDirft", "feddrift"),
+])
+def test_a_mistyped_scenario_or_strategy_gets_the_closest_name_case_ignored(
+        tmp_path, capsys, flag, typo, meant):
+    assert main(["run", flag, typo, "--out", str(tmp_path)]) == 2
+    assert f"{typo!r} (did you mean {meant!r}?)" in capsys.readouterr().err
+
+
 def test_unknown_key_and_bad_value(tmp_path, capsys):
     assert main(["run", "--set", "learnin-rate=0.1", "--out", str(tmp_path)]) == 2
     assert "unknown run-config key 'learnin-rate'" in capsys.readouterr().err
