@@ -31,8 +31,35 @@ exit status:
 """
 
 
+def versions() -> str:
+    """fedcluster's, Flower's and PyTorch's installed versions, read from the packages'
+    metadata: nothing is imported (``fedcluster --version`` answers at once)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            return f"{dist} not installed"
+
+    return ", ".join(of(dist) for dist in ("fedcluster", "flwr", "torch"))
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`versions` and exit (read only when asked)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print fedcluster's, flwr's and torch's versions and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(versions())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedcluster", description=__doc__)
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment and wait for it", epilog=RUN_EPILOG,

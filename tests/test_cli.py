@@ -23,6 +23,23 @@ def test_list_names_every_strategy_and_scenario(capsys):
         assert name in out
 
 
+def test_version_names_fedcluster_flwr_and_torch_without_importing_them():
+    """``fedcluster --version`` reads the installed versions from the packages' metadata: it
+    answers as fast as ``fedcluster list`` (no torch, no flwr imported)."""
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    probe = ("import sys\nfrom fedcluster_app.cli import main\ntry:\n    main(['--version'])\n"
+             "except SystemExit as ex:\n    print('exit', ex.code)\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'numpy'}))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert out == [f"fedcluster {version('fedcluster')}, flwr {version('flwr')}, torch "
+                   f"{version('torch')}", "exit 0", "[]"]
+    assert version("flwr") == "1.41.0"
+
+
 def test_run_inprocess_writes_results(tmp_path, capsys):
     out = tmp_path / "r"
     rc = main(["run", "--strategy", "oracle", "--run-config", str(QUICK), "--out", str(out),
