@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
-import tomllib
 from pathlib import Path
 
 from fedcluster_app.bench import command as bench_command
@@ -80,7 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--deployment", type=Path, metavar="DIR",
                      help="with --engine deployment: submit to the local deployment in DIR "
                           "(started by `fedcluster deploy up --dir DIR`)")
-    run.add_argument("--run-config", type=Path, help="TOML file of run-config keys")
+    run.add_argument("--run-config", action="append", default=[],
+                     metavar="FILE.toml | 'KEY=VALUE ...'",
+                     help="run-config keys as `flwr run --run-config` takes them: a .toml file, "
+                          "or key=value pairs in TOML syntax with strings quoted, e.g. "
+                          "'seed=3 scenario=\"sea4\"' (repeatable; --set takes bare words)")
     run.add_argument("--preset", metavar="NAME",
                      help="a bundled preset (`fedcluster list presets`): a paper's experiment; "
                           "--run-config, --set and the flags below win over it")
@@ -158,22 +162,43 @@ def _resumed_config(resume: Path) -> dict:
     return {k: v for k, v in saved.items() if k not in ("resume-from", "out-dir", "overwrite")}
 
 
-def _read_toml(path: Path) -> dict:
+def read_run_config(text: str) -> dict:
+    """The run-config keys of one ``--run-config`` argument, read by Flower's own parser of
+    ``flwr run --run-config`` (a path ending in ``.toml`` is a file, anything else
+    ``key=value`` pairs in TOML syntax), so the same argument means the same for both; a
+    file's tables are flattened as Flower does (``[feddrift] delta = 0.1`` is
+    ``feddrift.delta``). Flower skips what is not ``key=value``: refused here instead."""
+    import click
+    from flwr.common.config import parse_config_args
+
+    if text.strip().endswith(".toml"):
+        try:
+            return parse_config_args([text.strip()])
+        except OSError as exc:
+            raise ConfigError(f"{text}: cannot read it: {exc.strerror}") from None
+        except ValueError as exc:   # tomli's TOMLDecodeError
+            raise ConfigError(f"{text}: not valid TOML: {exc}") from None
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it: {exc.strerror}") from None
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"--run-config {text!r}: {exc}") from None
+    stray = [w for w in words if "=" not in w]
+    if stray or not words:
+        raise ConfigError(f"--run-config {text!r}: expected a .toml file or key=value pairs "
+                          f"(e.g. 'seed=3 scenario=\"sea4\"'), got {' '.join(stray) or 'nothing'}")
+    try:
+        return parse_config_args([text])
+    except click.ClickException as exc:
+        raise ConfigError(f"--run-config {text!r}: {exc.message} (--set KEY=VALUE takes bare "
+                          "words)") from None
 
 
 def _overrides(args: argparse.Namespace) -> dict:
     values: dict = _resumed_config(args.resume) if args.resume else {}
     if args.preset:
-        values.update(_read_toml(preset_file(args.preset)))
-    if args.run_config:
-        values.update(_read_toml(args.run_config))
+        values.update(read_run_config(str(preset_file(args.preset))))
+    for text in args.run_config:
+        values.update(read_run_config(text))
     for item in args.set:
         key, value = parse_assignment(item)
         values[key] = value

@@ -107,6 +107,31 @@ def test_report_compares_runs(tmp_path, capsys):
     assert "fedavg" in out and "oracle" in out and plot.is_file()
 
 
+def test_run_config_takes_inline_pairs_as_flwr_run_does(tmp_path, capsys):
+    """``--run-config "seed=3"`` was read as a file name; it is Flower's syntax now, read by
+    Flower's parser, and a .toml path still works (test_run_inprocess_writes_results)."""
+    from fedcluster_app.cli import read_run_config
+
+    out = tmp_path / "r"
+    assert main(["run", "--run-config", 'seed=3 strategy="fedavg" num-steps=1', "--run-config",
+                 str(QUICK), "--out", str(out), "--set", "progress=false"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seed"] == 3 and summary["strategy"] == "fedavg"
+    assert read_run_config('feddrift.delta=0.2 scenario="sea 4"') == {"feddrift.delta": 0.2,
+                                                                      "scenario": "sea 4"}
+    nested = tmp_path / "nested.toml"
+    nested.write_text('seed = 4\n[feddrift]\ndelta = 0.3\n')
+    assert read_run_config(str(nested)) == {"seed": 4, "feddrift.delta": 0.3}   # as Flower
+    capsys.readouterr()
+    for text, message in (("seed3", "expected a .toml file or key=value pairs"),
+                          ("seed=3 junk", "got junk"),
+                          ("strategy=ifca", "invalid format"),
+                          (str(tmp_path / "none.toml"), "cannot read it")):
+        assert main(["run", "--run-config", text, "--out", str(tmp_path / "x")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def test_parse_assignment():
     assert parse_assignment("lr=0.5") == ("lr", 0.5)
     assert parse_assignment("strategy=ifca") == ("strategy", "ifca")
