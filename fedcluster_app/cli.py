@@ -193,15 +193,21 @@ def read_run_config(text: str) -> dict:
                           "words)") from None
 
 
-def _overrides(args: argparse.Namespace) -> dict:
+def _overrides(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """The run-config keys the command line sets, and those of them set one by one (``--set``,
+    inline ``--run-config`` pairs), which ``api.check_tables_read`` checks."""
     values: dict = _resumed_config(args.resume) if args.resume else {}
+    typed: list[str] = []
     if args.preset:
         values.update(read_run_config(str(preset_file(args.preset))))
     for text in args.run_config:
-        values.update(read_run_config(text))
+        values.update(pairs := read_run_config(text))
+        if not text.strip().endswith(".toml"):
+            typed += pairs
     for item in args.set:
         key, value = parse_assignment(item)
         values[key] = value
+        typed.append(key)
     for key, value in (("strategy", args.strategy), ("scenario", args.scenario),
                        ("out-dir", args.out), ("seed", args.seed), ("overwrite", args.overwrite)):
         if value is not None:
@@ -213,19 +219,20 @@ def _overrides(args: argparse.Namespace) -> dict:
         values.setdefault("out-dir", str(checkpoint_file(args.resume).parent))
     if "out-dir" in values:
         values["out-dir"] = str(Path(str(values["out-dir"])).expanduser().resolve())
-    return values
+    return values, typed
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedcluster_app.api import run_config_defaults
+    from fedcluster_app.api import check_tables_read, run_config_defaults
     from fedcluster_app.core.experiment import load_experiment
     from fedcluster_app.core.strategy import resolve_out_dir
     from fedcluster_app.server_app import prepare
 
     if args.ray_address and args.engine != "ray":
         raise ValueError("--ray-address needs --engine ray")
-    overrides = _overrides(args)
+    overrides, typed = _overrides(args)
     run_config = merge_overrides(run_config_defaults(overrides), overrides)
+    check_tables_read(str(run_config["strategy"]), typed)
     # bad config fails here, before anything starts (a deployment's data live on its devices)
     exp = load_experiment(run_config, server=args.engine == "deployment")
     if args.engine != "deployment":   # the clients run on this machine: is the device there?

@@ -132,6 +132,32 @@ def test_run_config_takes_inline_pairs_as_flwr_run_does(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_table_key_the_runs_strategy_does_not_read_is_refused_naming_its_readers(
+        tmp_path, capsys):
+    """``--set feddrift.delta=5`` on an ifca run was silently ignored. Keys set one by one
+    (--set, inline --run-config) are checked, even at their default value; a preset or a
+    run-config file may hold several strategies' tables (a paper's experiment)."""
+    for args, readers in (
+            (["--set", "feddrift.delta=5"],
+             "feddrift, feddrift-c, feddrift-eager, feddrift-eager-w, feddrift-w"),
+            (["--run-config", "feddrift.delta=0.1"],        # its default value: still refused
+             "feddrift, feddrift-c, feddrift-eager, feddrift-eager-w, feddrift-w"),
+            (["--set", "feddrift-baselines.afa-lr=0.1"],
+             "adaptive-fedavg, cfl, cfl-w, driftsurf, ifca-w")):
+        assert main(["run", "--strategy", "ifca", *args, "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert f"is read only by {readers} (its table" in err
+        assert "this run's strategy ifca would ignore it" in err
+    assert not (tmp_path / "x").exists()
+    # the preset sets feddrift.delta and the baselines' keys, and runs with any of them
+    assert main(["run", "--preset", "feddrift-circle2", "--strategy", "window", "--set",
+                 "num-steps=2", "--set", "rounds-per-step=1", "--set", "progress=false",
+                 "--set", "plot=false", "--out", str(tmp_path / "w")]) == 0
+    assert main(["run", "--strategy", "feddrift", "--set", "feddrift.delta=0.2", "--set",
+                 "num-steps=2", "--set", "rounds-per-step=1", "--set", "progress=false",
+                 "--set", "plot=false", "--out", str(tmp_path / "f")]) == 0
+
+
 def test_parse_assignment():
     assert parse_assignment("lr=0.5") == ("lr", 0.5)
     assert parse_assignment("strategy=ifca") == ("strategy", "ifca")
