@@ -20,6 +20,8 @@ from fedcluster_app.core.config import list_presets, preset_file
 
 #: `fedcluster run`'s exit status by the run's summary status (2: refused before it started)
 EXIT_CODES = {"completed": 0, "failed": 1, "degraded": 3}
+#: stopped by Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_INTERRUPTED = 130
 
 RUN_EPILOG = """\
 exit status:
@@ -28,6 +30,7 @@ exit status:
   2  refused before anything ran or was written: bad configuration, a checkpoint that is not
      this run's, or --out holding a finished run (pass --overwrite or --resume DIR)
   3  the run ended degraded (the reason is printed; summary.json says status "degraded")
+  130  interrupted (Ctrl-C): one line says where the run is and the command that continues it
 """
 
 
@@ -248,25 +251,49 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{strategy.round} of {strategy.num_rounds}, status {finished['status']}); nothing "
               f"to do, no file changed")
         return _report(finished, str(strategy.resumed_from.parent))
-    if args.engine == "inprocess":
-        from fedcluster_app.engine import run_inprocess
+    try:
+        if args.engine == "inprocess":
+            from fedcluster_app.engine import run_inprocess
 
-        summary = run_inprocess(run_config)
-    else:
-        from fedcluster_app.launcher import run_on_deployment, run_with_flwr
-
-        if args.engine == "ray":
-            summary = run_with_flwr(run_config, exp.scenario.num_clients,
-                                    federation=args.federation or "cpu",
-                                    ray_address=args.ray_address)
-        elif args.deployment:
-            from fedcluster_app.deploy import LocalDeployment
-
-            summary = run_on_deployment(run_config,
-                                        LocalDeployment.load(args.deployment).connection())
+            summary = run_inprocess(run_config)
         else:
-            summary = run_on_deployment(run_config, federation=args.federation or "local")
+            from fedcluster_app.launcher import run_on_deployment, run_with_flwr
+
+            if args.engine == "ray":
+                summary = run_with_flwr(run_config, exp.scenario.num_clients,
+                                        federation=args.federation or "cpu",
+                                        ray_address=args.ray_address)
+            elif args.deployment:
+                from fedcluster_app.deploy import LocalDeployment
+
+                summary = run_on_deployment(run_config,
+                                            LocalDeployment.load(args.deployment).connection())
+            else:
+                summary = run_on_deployment(run_config, federation=args.federation or "local")
+    except KeyboardInterrupt:
+        print(interrupted(run_config, args.engine == "deployment"), file=sys.stderr)
+        return EXIT_INTERRUPTED
     return _report(summary, run_config["out-dir"])
+
+
+def interrupted(run_config: dict, deployment: bool = False) -> str:
+    """The one line Ctrl-C of a run ends with: where the run is, and how to continue it."""
+    from fedcluster_app.core.checkpoint import read_checkpoint
+
+    out_dir = Path(run_config["out-dir"])
+    if deployment:   # Flower goes on with a submitted run when its `flwr run` is stopped
+        return (f"fedcluster: interrupted: stopped waiting; the run submitted to the SuperLink "
+                f"goes on (`flwr stop` ends it), writing to {out_dir} where its ServerApp runs")
+    try:
+        done = int(read_checkpoint(out_dir)[0]["round"])
+    except (FileNotFoundError, ValueError, KeyError):
+        every = int(run_config.get("checkpoint-every", 0))
+        return (f"fedcluster: interrupted: {out_dir} holds no checkpoint to resume from yet "
+                f"(checkpoint-every = {every}: "
+                f"{f'every {every} rounds' if every else 'only at the end'}); run the same "
+                f"command with --overwrite to start again")
+    return (f"fedcluster: interrupted: {out_dir} has the run's checkpoint after round {done}; "
+            f"continue it with: fedcluster run --resume {shlex.quote(str(out_dir))}")
 
 
 def _report(summary: dict, out_dir: str) -> int:
@@ -438,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
                     "bench": lambda a: bench_command.run(a, argv if argv is not None
                                                          else sys.argv[1:])}
         return commands[args.command](args)
+    except KeyboardInterrupt:   # cmd_run says where a run it started is
+        before = " before the run started: nothing written" if args.command == "run" else ""
+        print(f"fedcluster: interrupted{before}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ConfigError, ValueError, FileNotFoundError, FileExistsError) as ex:
         print(f"fedcluster: error: {ex}", file=sys.stderr)
         return 2

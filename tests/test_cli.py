@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,65 @@ def test_a_table_key_the_runs_strategy_does_not_read_is_refused_naming_its_reade
     assert main(["run", "--strategy", "feddrift", "--set", "feddrift.delta=0.2", "--set",
                  "num-steps=2", "--set", "rounds-per-step=1", "--set", "progress=false",
                  "--set", "plot=false", "--out", str(tmp_path / "f")]) == 0
+
+
+def _interrupt(argv: list[str], out: Path, after_round: int) -> tuple[int, str]:
+    """Run ``fedcluster <argv>`` in a process of its own, send it SIGINT (Ctrl-C) once its
+    checkpoint in ``out`` is past ``after_round``; its exit status and stderr."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fedcluster_app.core.checkpoint import read_checkpoint
+
+    proc = subprocess.Popen([sys.executable, "-m", "fedcluster_app.cli", *argv], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if read_checkpoint(out)[0]["round"] > after_round:
+                break
+        except (FileNotFoundError, ValueError, KeyError):   # not yet, or being replaced
+            pass
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def test_ctrl_c_ends_with_one_line_naming_the_directory_and_the_resume_command(tmp_path):
+    """SIGINT (Ctrl-C) of a running `fedcluster run`: no traceback, exit 130, and one line
+    with the command that continues the run; that command continues it."""
+    from fedcluster_app.core.checkpoint import read_checkpoint
+
+    out = tmp_path / "run dir"
+    rc, err = _interrupt(["run", "--run-config", str(QUICK), "--set", "rounds-per-step=500",
+                          "--set", "checkpoint-every=2", "--set", "progress=false", "--out",
+                          str(out)], out, 0)
+    assert rc == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err
+    done = read_checkpoint(out)[0]["round"]
+    head = f"fedcluster: interrupted: {out} has the run's checkpoint after round {done}; "
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(head + "continue it with: fedcluster run --resume ")
+    command = shlex.split(last.split("continue it with: ")[1])   # as a shell reads it
+    assert command == ["fedcluster", "run", "--resume", str(out)]
+    rc, err = _interrupt(command[1:], out, done)
+    assert rc == 130 and "Traceback" not in err
+    assert read_checkpoint(out)[0]["round"] > done          # it went on from there
+    rounds = [json.loads(line)["round"] for line in (out / "metrics.jsonl").open()]
+    assert rounds == list(range(1, len(rounds) + 1))        # one line per round, none twice
+
+
+def test_ctrl_c_before_a_checkpoint_says_there_is_none(tmp_path):
+    from fedcluster_app.cli import interrupted
+
+    line = interrupted({"out-dir": str(tmp_path), "checkpoint-every": 0})
+    assert line == (f"fedcluster: interrupted: {tmp_path} holds no checkpoint to resume from yet "
+                    "(checkpoint-every = 0: only at the end); run the same command with "
+                    "--overwrite to start again")
 
 
 def test_parse_assignment():
