@@ -79,6 +79,7 @@ def test_a_users_model_is_built_once_per_process_and_copied(tmp_path):
 @pytest.mark.parametrize("path, message", [
     ("tests.plugins.my_model:wrong_output", r"outputs \(2, 5\) for a batch of 2, expected \(2, 4\)"),
     ("tests.plugins.my_model:not_a_module", "returned a str, expected a torch.nn.Module"),
+    ("tests.plugins.my_model:uncopyable", "cannot be copied with copy.deepcopy"),
     ("tests.plugins.my_model:no_arguments", r"must accept \(input_shape, num_classes\)"),
     ("tests.plugins.my_model:missing", "has no attribute 'missing'"),
     ("tests.plugins.not_there:build", "cannot import module 'tests.plugins.not_there'"),

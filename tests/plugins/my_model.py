@@ -37,6 +37,13 @@ def wrong_output(input_shape, num_classes):
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes + 1))
 
 
+def uncopyable(input_shape, num_classes):
+    """Holds a tensor computed from a parameter (not a graph leaf): copy.deepcopy refuses it."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+    model.scaled = model[1].weight * 2
+    return model
+
+
 def not_a_module(input_shape, num_classes):
     return "a model"
 
