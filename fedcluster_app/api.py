@@ -29,7 +29,7 @@ which answers the message kinds the strategies send.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fedcluster_app import families
@@ -52,7 +52,8 @@ STRATEGIES: dict[str, type[ClusteredStrategy]] = {cls.name: cls for cls in _CLAS
 globals().update({cls.__name__: cls for cls in _CLASSES})   # FedAvg, IFCA, FedDrift, ...
 
 __all__ = ["ClusteredResult", "ClusteredStrategy", "ConfigError", "HParams", "STRATEGIES",
-           "UnknownStrategy", "build_scenario", "build_strategy", "default_run_config",
+           "UnknownStrategy", "build_scenario", "build_strategy", "check_tables_read",
+           "default_run_config",
            "hyperparameter_tables", "hyperparameter_users",
            "list_scenarios",
            "list_strategies", "load_strategy", "make_strategy", "param", "run_config_defaults",
@@ -101,6 +102,22 @@ def strategy_class(name: str) -> type[ClusteredStrategy]:
     return STRATEGIES[families.strategy_info(name).name]   # UnknownStrategy lists the valid ones
 
 
+def check_tables_read(strategy: str, keys: Iterable[str]) -> None:
+    """Refuse a key of a strategy's hyper-parameter table (``feddrift.delta``) that ``strategy``
+    does not read: it would be ignored. Give only the keys a user set one by one (``--set``,
+    keywords): a preset or a run-config file may hold the tables of several strategies (a
+    paper's experiment, run with any of them), and pyproject.toml holds every table."""
+    own = strategy_class(strategy).Params.table
+    readers: dict[str, list[str]] = {}
+    for params, names in hyperparameter_users().items():
+        readers.setdefault(params.table, []).extend(names)
+    for key in keys:
+        table = key.split(".", 1)[0] if "." in key else ""
+        if table in readers and table != own:
+            raise ConfigError(f"{key} is read only by {', '.join(sorted(readers[table]))} (its "
+                              f"table {table}); this run's strategy {strategy} would ignore it")
+
+
 def build_strategy(experiment: Experiment) -> ClusteredStrategy:
     """The strategy the experiment's run config names."""
     return strategy_class(experiment.cfg.strategy)(experiment)
@@ -131,5 +148,6 @@ def make_strategy(name: str, *, run_config: Mapping[str, ConfigValue] | None = N
                               f"{suggest(key, own_names + run_names)}; valid: its "
                               f"hyper-parameters ({', '.join(own_names) or 'none'}) or a "
                               f"run-config key ({', '.join(run_names)})")
+    check_tables_read(name, [key.replace("_", "-") for key in kwargs])
     merged = merge_overrides(base, config)
     return build_strategy(load_experiment(merged, server=True))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
-import tomllib
 from pathlib import Path
 
 from fedcluster_app.bench import command as bench_command
@@ -20,6 +20,8 @@ from fedcluster_app.core.config import list_presets, preset_file
 
 #: `fedcluster run`'s exit status by the run's summary status (2: refused before it started)
 EXIT_CODES = {"completed": 0, "failed": 1, "degraded": 3}
+#: stopped by Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_INTERRUPTED = 130
 
 RUN_EPILOG = """\
 exit status:
@@ -28,11 +30,39 @@ exit status:
   2  refused before anything ran or was written: bad configuration, a checkpoint that is not
      this run's, or --out holding a finished run (pass --overwrite or --resume DIR)
   3  the run ended degraded (the reason is printed; summary.json says status "degraded")
+  130  interrupted (Ctrl-C): one line says where the run is and the command that continues it
 """
+
+
+def versions() -> str:
+    """fedcluster's, Flower's and PyTorch's installed versions, read from the packages'
+    metadata: nothing is imported (``fedcluster --version`` answers at once)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(dist: str) -> str:
+        try:
+            return f"{dist} {version(dist)}"
+        except PackageNotFoundError:
+            return f"{dist} not installed"
+
+    return ", ".join(of(dist) for dist in ("fedcluster", "flwr", "torch"))
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`versions` and exit (read only when asked)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print fedcluster's, flwr's and torch's versions and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(versions())
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedcluster", description=__doc__)
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one experiment and wait for it", epilog=RUN_EPILOG,
@@ -53,7 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--deployment", type=Path, metavar="DIR",
                      help="with --engine deployment: submit to the local deployment in DIR "
                           "(started by `fedcluster deploy up --dir DIR`)")
-    run.add_argument("--run-config", type=Path, help="TOML file of run-config keys")
+    run.add_argument("--run-config", action="append", default=[],
+                     metavar="FILE.toml | 'KEY=VALUE ...'",
+                     help="run-config keys as `flwr run --run-config` takes them: a .toml file, "
+                          "or key=value pairs in TOML syntax with strings quoted, e.g. "
+                          "'seed=3 scenario=\"sea4\"' (repeatable; --set takes bare words)")
     run.add_argument("--preset", metavar="NAME",
                      help="a bundled preset (`fedcluster list presets`): a paper's experiment; "
                           "--run-config, --set and the flags below win over it")
@@ -131,25 +165,52 @@ def _resumed_config(resume: Path) -> dict:
     return {k: v for k, v in saved.items() if k not in ("resume-from", "out-dir", "overwrite")}
 
 
-def _read_toml(path: Path) -> dict:
+def read_run_config(text: str) -> dict:
+    """The run-config keys of one ``--run-config`` argument, read by Flower's own parser of
+    ``flwr run --run-config`` (a path ending in ``.toml`` is a file, anything else
+    ``key=value`` pairs in TOML syntax), so the same argument means the same for both; a
+    file's tables are flattened as Flower does (``[feddrift] delta = 0.1`` is
+    ``feddrift.delta``). Flower skips what is not ``key=value``: refused here instead."""
+    import click
+    from flwr.common.config import parse_config_args
+
+    if text.strip().endswith(".toml"):
+        try:
+            return parse_config_args([text.strip()])
+        except OSError as exc:
+            raise ConfigError(f"{text}: cannot read it: {exc.strerror}") from None
+        except ValueError as exc:   # tomli's TOMLDecodeError
+            raise ConfigError(f"{text}: not valid TOML: {exc}") from None
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it: {exc.strerror}") from None
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"--run-config {text!r}: {exc}") from None
+    stray = [w for w in words if "=" not in w]
+    if stray or not words:
+        raise ConfigError(f"--run-config {text!r}: expected a .toml file or key=value pairs "
+                          f"(e.g. 'seed=3 scenario=\"sea4\"'), got {' '.join(stray) or 'nothing'}")
+    try:
+        return parse_config_args([text])
+    except click.ClickException as exc:
+        raise ConfigError(f"--run-config {text!r}: {exc.message} (--set KEY=VALUE takes bare "
+                          "words)") from None
 
 
-def _overrides(args: argparse.Namespace) -> dict:
+def _overrides(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """The run-config keys the command line sets, and those of them set one by one (``--set``,
+    inline ``--run-config`` pairs), which ``api.check_tables_read`` checks."""
     values: dict = _resumed_config(args.resume) if args.resume else {}
+    typed: list[str] = []
     if args.preset:
-        values.update(_read_toml(preset_file(args.preset)))
-    if args.run_config:
-        values.update(_read_toml(args.run_config))
+        values.update(read_run_config(str(preset_file(args.preset))))
+    for text in args.run_config:
+        values.update(pairs := read_run_config(text))
+        if not text.strip().endswith(".toml"):
+            typed += pairs
     for item in args.set:
         key, value = parse_assignment(item)
         values[key] = value
+        typed.append(key)
     for key, value in (("strategy", args.strategy), ("scenario", args.scenario),
                        ("out-dir", args.out), ("seed", args.seed), ("overwrite", args.overwrite)):
         if value is not None:
@@ -161,19 +222,20 @@ def _overrides(args: argparse.Namespace) -> dict:
         values.setdefault("out-dir", str(checkpoint_file(args.resume).parent))
     if "out-dir" in values:
         values["out-dir"] = str(Path(str(values["out-dir"])).expanduser().resolve())
-    return values
+    return values, typed
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedcluster_app.api import run_config_defaults
+    from fedcluster_app.api import check_tables_read, run_config_defaults
     from fedcluster_app.core.experiment import load_experiment
     from fedcluster_app.core.strategy import resolve_out_dir
     from fedcluster_app.server_app import prepare
 
     if args.ray_address and args.engine != "ray":
         raise ValueError("--ray-address needs --engine ray")
-    overrides = _overrides(args)
+    overrides, typed = _overrides(args)
     run_config = merge_overrides(run_config_defaults(overrides), overrides)
+    check_tables_read(str(run_config["strategy"]), typed)
     # bad config fails here, before anything starts (a deployment's data live on its devices)
     exp = load_experiment(run_config, server=args.engine == "deployment")
     if args.engine != "deployment":   # the clients run on this machine: is the device there?
@@ -189,25 +251,49 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{strategy.round} of {strategy.num_rounds}, status {finished['status']}); nothing "
               f"to do, no file changed")
         return _report(finished, str(strategy.resumed_from.parent))
-    if args.engine == "inprocess":
-        from fedcluster_app.engine import run_inprocess
+    try:
+        if args.engine == "inprocess":
+            from fedcluster_app.engine import run_inprocess
 
-        summary = run_inprocess(run_config)
-    else:
-        from fedcluster_app.launcher import run_on_deployment, run_with_flwr
-
-        if args.engine == "ray":
-            summary = run_with_flwr(run_config, exp.scenario.num_clients,
-                                    federation=args.federation or "cpu",
-                                    ray_address=args.ray_address)
-        elif args.deployment:
-            from fedcluster_app.deploy import LocalDeployment
-
-            summary = run_on_deployment(run_config,
-                                        LocalDeployment.load(args.deployment).connection())
+            summary = run_inprocess(run_config)
         else:
-            summary = run_on_deployment(run_config, federation=args.federation or "local")
+            from fedcluster_app.launcher import run_on_deployment, run_with_flwr
+
+            if args.engine == "ray":
+                summary = run_with_flwr(run_config, exp.scenario.num_clients,
+                                        federation=args.federation or "cpu",
+                                        ray_address=args.ray_address)
+            elif args.deployment:
+                from fedcluster_app.deploy import LocalDeployment
+
+                summary = run_on_deployment(run_config,
+                                            LocalDeployment.load(args.deployment).connection())
+            else:
+                summary = run_on_deployment(run_config, federation=args.federation or "local")
+    except KeyboardInterrupt:
+        print(interrupted(run_config, args.engine == "deployment"), file=sys.stderr)
+        return EXIT_INTERRUPTED
     return _report(summary, run_config["out-dir"])
+
+
+def interrupted(run_config: dict, deployment: bool = False) -> str:
+    """The one line Ctrl-C of a run ends with: where the run is, and how to continue it."""
+    from fedcluster_app.core.checkpoint import read_checkpoint
+
+    out_dir = Path(run_config["out-dir"])
+    if deployment:   # Flower goes on with a submitted run when its `flwr run` is stopped
+        return (f"fedcluster: interrupted: stopped waiting; the run submitted to the SuperLink "
+                f"goes on (`flwr stop` ends it), writing to {out_dir} where its ServerApp runs")
+    try:
+        done = int(read_checkpoint(out_dir)[0]["round"])
+    except (FileNotFoundError, ValueError, KeyError):
+        every = int(run_config.get("checkpoint-every", 0))
+        return (f"fedcluster: interrupted: {out_dir} holds no checkpoint to resume from yet "
+                f"(checkpoint-every = {every}: "
+                f"{f'every {every} rounds' if every else 'only at the end'}); run the same "
+                f"command with --overwrite to start again")
+    return (f"fedcluster: interrupted: {out_dir} has the run's checkpoint after round {done}; "
+            f"continue it with: fedcluster run --resume {shlex.quote(str(out_dir))}")
 
 
 def _report(summary: dict, out_dir: str) -> int:
@@ -379,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
                     "bench": lambda a: bench_command.run(a, argv if argv is not None
                                                          else sys.argv[1:])}
         return commands[args.command](args)
+    except KeyboardInterrupt:   # cmd_run says where a run it started is
+        before = " before the run started: nothing written" if args.command == "run" else ""
+        print(f"fedcluster: interrupted{before}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ConfigError, ValueError, FileNotFoundError, FileExistsError) as ex:
         print(f"fedcluster: error: {ex}", file=sys.stderr)
         return 2

@@ -44,6 +44,13 @@ def test_a_field_whose_key_is_not_its_name_takes_either():
         make_strategy("fedsoft", lamb=0.5)
 
 
+def test_a_keyword_of_a_table_the_strategy_does_not_read_is_refused():
+    with pytest.raises(ConfigError, match=r"feddrift\.delta is read only by feddrift, .*; this "
+                                          r"run's strategy ifca would ignore it"):
+        make_strategy("ifca", **{"feddrift.delta": 0.2})
+    assert make_strategy("feddrift", **{"feddrift.delta": 0.2}).params.delta == 0.2
+
+
 def test_every_strategy_class_is_importable_by_name():
     for name, cls in api.STRATEGIES.items():
         assert getattr(api, cls.__name__) is cls and cls.__name__ in api.__all__

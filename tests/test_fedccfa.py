@@ -187,6 +187,14 @@ def test_model_without_a_separable_head_is_refused(tmp_path):
     Flash(experiment(tmp_path, hidden=0))        # Flash trains the whole model: no head needed
 
 
+def test_flash_trains_a_model_without_the_two_parts(tmp_path):
+    """Flash's clients train the whole model: a model with neither `features` nor
+    `classifier` runs to the end, every reply used (before, every client split the model and
+    failed: 80 rejected replies, status degraded)."""
+    summary = run_inprocess(tiny(tmp_path, strategy="flash", model="tests.plugins.my_model:headless"))
+    assert summary["status"] == "completed" and summary["failures"] == 0
+
+
 # ------------------------------------------------------------------------------- server side
 def test_server_clusters_per_class_and_averages_rows_and_anchors(tmp_path):
     exp = experiment(tmp_path, **{"fedccfa.eps": 0.1})

@@ -48,9 +48,38 @@ def test_a_users_model_with_features_and_classifier_serves_the_personalised_stra
     assert summary["status"] == "completed" and summary["failures"] == 0
 
 
+def test_a_users_model_is_built_once_per_process_and_copied(tmp_path):
+    """An 8-round FedCCFA run called the user's callable 165 times (once per message); now
+    once, and ``build_model(spec, seed)`` still gives the seed's weights, in a module of its
+    own."""
+    from tests.plugins import counting_model
+
+    models._constructed.cache_clear()
+    counting_model.CALLS = 0
+    summary = run_inprocess({"strategy": "fedccfa", "scenario": "digits-ccfa", "num-steps": 4,
+                             "rounds-per-step": 2, "model": "tests.plugins.counting_model:build",
+                             "progress": False, "plot": False, "out-dir": str(tmp_path / "run")})
+    assert summary["status"] == "completed" and summary["rounds"] == 8
+    assert counting_model.CALLS == 1
+    spec = load_experiment(merge_overrides(default_run_config(), {
+        "model": "tests.plugins.counting_model:build", "scenario": "digits-ccfa"})).spec
+    a, b = models.build_model(spec, 7), models.build_model(spec, 7)
+    assert a is not b and counting_model.CALLS == 2     # seed 7: built once, then copied
+    direct = models._construct(spec, 7).state_dict()   # what building it anew gives
+    for name, tensor in a.state_dict().items():
+        assert torch.equal(tensor, b.state_dict()[name]) and torch.equal(tensor, direct[name])
+    with torch.no_grad():
+        next(a.parameters()).add_(1.0)                  # a copy is the caller's own
+    again = models.build_model(spec, 7).state_dict()
+    assert all(torch.equal(again[name], tensor) for name, tensor in direct.items())
+    assert not torch.equal(models.build_model(spec, 8).state_dict()["classifier.weight"],
+                           direct["classifier.weight"])
+
+
 @pytest.mark.parametrize("path, message", [
     ("tests.plugins.my_model:wrong_output", r"outputs \(2, 5\) for a batch of 2, expected \(2, 4\)"),
     ("tests.plugins.my_model:not_a_module", "returned a str, expected a torch.nn.Module"),
+    ("tests.plugins.my_model:uncopyable", "cannot be copied with copy.deepcopy"),
     ("tests.plugins.my_model:no_arguments", r"must accept \(input_shape, num_classes\)"),
     ("tests.plugins.my_model:missing", "has no attribute 'missing'"),
     ("tests.plugins.not_there:build", "cannot import module 'tests.plugins.not_there'"),
@@ -64,10 +93,24 @@ def test_a_bad_model_is_refused_before_round_one_naming_the_key(path, message):
 
 
 def test_personalised_strategies_refuse_a_model_without_the_two_parts():
-    with pytest.raises(ConfigError, match="fedccfa needs a `features` submodule"):
-        api.make_strategy("fedccfa", model="tests.plugins.my_model:headless",
-                          scenario="digits-swap")
-    api.make_strategy("fedavg", model="tests.plugins.my_model:headless", scenario="digits-swap")
+    for name in ("fedccfa", "fedrep", "fedbabu"):
+        with pytest.raises(ConfigError, match=f"{name} needs a `features` submodule"):
+            api.make_strategy(name, model="tests.plugins.my_model:headless",
+                              scenario="digits-swap")
+    for name in ("fedavg", "flash"):
+        api.make_strategy(name, model="tests.plugins.my_model:headless", scenario="digits-swap")
+
+
+def test_any_strategy_that_declares_it_needs_the_two_parts_is_refused_before_round_one():
+    class SplitFedAvg(api.FedAvg):
+        needs_split_model = True
+
+    exp = load_experiment(merge_overrides(default_run_config(), {
+        "model": "tests.plugins.my_model:headless", "scenario": "digits-swap"}))
+    with pytest.raises(ConfigError, match="fedavg needs a `features` submodule with parameters "
+                                          "and a `classifier` submodule"):
+        SplitFedAvg(exp)
+    api.FedAvg(exp)
 
 
 def test_the_numpy_kernel_serves_only_the_built_in_mlp(fast_config):

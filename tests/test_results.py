@@ -266,6 +266,24 @@ def test_finish_leaves_no_temp_files(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["metrics.jsonl", "plot.png", "summary.json"]
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_result_files_get_the_users_usual_permissions(fast_config, umask):
+    """Every result file is created as open() creates files: 0o666 less the umask (the temp
+    file of an atomic write was 0600 before, and the rename kept it)."""
+    from fedcluster_app.engine import run_inprocess
+
+    old = os.umask(umask)
+    try:
+        summary = run_inprocess(fast_config(strategy="fedavg", plot=True, **{
+            "num-steps": 2, "checkpoint-every": 1}))
+    finally:
+        os.umask(old)
+    out = summary["out_dir"]
+    modes = {name: os.stat(os.path.join(out, name)).st_mode & 0o777 for name in os.listdir(out)}
+    assert modes == {name: 0o666 & ~umask for name in
+                     ("checkpoint.npz", "metrics.jsonl", "plot.png", "summary.json")}
+
+
 def test_failed_replace_keeps_old_summary_and_no_temp(tmp_path, monkeypatch):
     r = RunRecorder(tmp_path, strategy="a", scenario="b", seed=1, config={})
     r.log_round(rec(1, 0.5))

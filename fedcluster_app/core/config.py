@@ -44,9 +44,11 @@ class ConfigError(ValueError):
 
 
 def suggest(name: str, valid: list[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest valid name, or nothing."""
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """`` (did you mean 'x'?)`` for the closest valid name, case ignored (``IFCA``, ``Sea4``),
+    or nothing: every unknown name (strategy, scenario, key, preset) gets it from here."""
+    by_lower = {v.lower(): v for v in valid}
+    close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
 
 
 def default_run_config() -> dict[str, ConfigValue]:

@@ -4,8 +4,8 @@ user's own.
 ``model = "module:callable"`` names a user's model: ``callable(input_shape, num_classes)``
 returns a ``torch.nn.Module`` whose output is ``(batch, num_classes)`` logits. Any such module
 works with the strategies that exchange whole models. The personalised ones (FedCCFA, FedRep,
-FedBABU, Flash) and Fielding's representations also need the two parts told apart, as the
-built-in models have them: a ``features`` submodule (the body, with parameters) and a
+FedBABU: strategies with ``needs_split_model``) and Fielding's representations also need the
+two parts told apart, as the built-in models have them: a ``features`` submodule (the body, with parameters) and a
 ``classifier`` submodule that is one ``nn.Linear`` on its output. Weights travel as a list of
 NumPy arrays in ``state_dict`` order (buffers such as BatchNorm statistics included);
 ``ModelSpec`` is everything needed to rebuild a model.
@@ -13,6 +13,7 @@ NumPy arrays in ``state_dict`` order (buffers such as BatchNorm statistics inclu
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 from dataclasses import dataclass
@@ -111,7 +112,13 @@ def check_model(spec: ModelSpec) -> None:
     """Build the model once and push a zero batch through it: an import error, a wrong return
     type, an output that is not ``(batch, num_classes)`` or weights that are not numbers fail
     here, before any message is sent, with the run-config key named."""
-    model = build_model(spec, 0)
+    _constructed(spec, 0)   # the callable's own errors, as they are
+    try:
+        model = build_model(spec, 0)
+    except Exception as exc:
+        raise ValueError(f"model: {spec.kind!r} cannot be copied with copy.deepcopy "
+                         f"({type(exc).__name__}: {exc}); fedcluster builds a model once per "
+                         "process and copies it") from exc
     if not any(True for _ in model.parameters()):
         raise ValueError(f"model: {spec.kind!r} has no trainable parameters")
     model.eval()
@@ -132,7 +139,22 @@ def check_model(spec: ModelSpec) -> None:
 
 
 def build_model(spec: ModelSpec, seed: int | None = None) -> nn.Module:
-    """A fresh model; with a seed, the same seed gives the same initial weights everywhere."""
+    """A fresh module of its own; with a seed, the same seed gives the same initial weights
+    everywhere. A seeded module is constructed once per process and seed (a user's callable is
+    not called again for it): every later call gets a copy of that module, the same weights
+    and buffers, so a client builds its model once and not for every message."""
+    if seed is None:
+        return _construct(spec, None)
+    return copy.deepcopy(_constructed(spec, seed))
+
+
+@lru_cache(maxsize=8)
+def _constructed(spec: ModelSpec, seed: int) -> nn.Module:
+    """The module ``build_model`` copies; never handed out itself (a caller could train it)."""
+    return _construct(spec, seed)
+
+
+def _construct(spec: ModelSpec, seed: int | None) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         if seed is not None:
             torch.manual_seed(seed)

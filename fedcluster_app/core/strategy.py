@@ -138,11 +138,16 @@ class ClusteredStrategy(Strategy):
     Params: ClassVar[type[HParams]] = NoParams
     #: the protocol it runs under
     protocol_factory: ClassVar[Callable[[], Protocol]] = Protocol
+    #: its clients split the model into the feature extractor and the classifier
+    #: (``models.split_model``): a model without the two parts is refused before round 1
+    needs_split_model: ClassVar[bool] = False
 
     def __init__(self, experiment: Experiment) -> None:
         self.exp = experiment
         self.cfg = experiment.cfg
         self.params = self.Params.from_run_config(self.cfg.raw)
+        if self.needs_split_model:
+            self._check_split_model()
         self.rng = np.random.default_rng([self.cfg.seed, 0xC1])
         self.models: dict[int, Weights] = {}
         self.model_birth: dict[int, int] = {}        # model id -> round it was created
@@ -188,9 +193,8 @@ class ClusteredStrategy(Strategy):
         self.protocol.on_new_model(mid, created)
         return mid
 
-    def require_split_model(self) -> None:
-        """Strategies that treat the feature extractor and the classifier apart call this in
-        their constructor, so a model without the two parts fails before round 1."""
+    def _check_split_model(self) -> None:
+        """A strategy with ``needs_split_model``: refuse a model without the two parts."""
         spec = self.exp.spec
         try:
             split_model(build_model(spec, 0))

@@ -186,7 +186,7 @@ class StreamClient(NumPyClient):
         if len(weights) != len(models) or min(weights) < 0 or sum(weights) <= 0:
             raise ValueError(f"mixture weights {weights} do not fit {len(models)} models")
         x, y = self.eval_data(config)
-        nets = [self.fresh_model(None, w) for w in models]
+        nets = [self.fresh_model(0, w) for w in models]
         loss, acc = evaluate_mixture(nets, weights, x, y)
         return loss, len(y), {P.ACCURACY: acc}
 

@@ -2,7 +2,7 @@
 
 The contract: ``build(input_shape, num_classes)`` returns a ``torch.nn.Module`` with one logit
 per class; a ``features`` submodule and a linear ``classifier`` on its output let the
-personalised strategies (FedCCFA, FedRep, FedBABU, Flash) train the two apart. BatchNorm's
+personalised strategies (FedCCFA, FedRep, FedBABU) train the two apart. BatchNorm's
 buffers travel with the weights.
 """
 
@@ -29,12 +29,19 @@ def build(input_shape, num_classes):
 
 
 def headless(input_shape, num_classes):
-    """Fine for FedAvg or IFCA; refused by the personalised strategies (no `classifier`)."""
+    """Fine for FedAvg, IFCA or Flash; refused by FedCCFA, FedRep, FedBABU (no `classifier`)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
 
 
 def wrong_output(input_shape, num_classes):
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes + 1))
+
+
+def uncopyable(input_shape, num_classes):
+    """Holds a tensor computed from a parameter (not a graph leaf): copy.deepcopy refuses it."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+    model.scaled = model[1].weight * 2
+    return model
 
 
 def not_a_module(input_shape, num_classes):

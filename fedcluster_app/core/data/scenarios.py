@@ -109,6 +109,7 @@ from typing import Any
 import numpy as np
 
 import fedcluster_app.core.data.schedules as sch
+from fedcluster_app.core.config import suggest
 from fedcluster_app.core.data.catalogue import (
     _DEFS,
     _EXTRA,
@@ -749,7 +750,8 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
             drift_pattern=drift_pattern, drift_step=drift_step, dirichlet_alpha=dirichlet_alpha,
             data_dir=data_dir)
     if key not in _DEFS:
-        raise ValueError(f"unknown scenario {name!r}; valid names: {', '.join(scenario_names())}")
+        raise ValueError(f"unknown scenario {name!r}{suggest(key, scenario_names())}; valid "
+                         f"names: {', '.join(scenario_names())}")
     d = _DEFS[key]
     seed = nonneg_int("seed", seed)
     num_clients = nonneg_int("num_clients", num_clients)

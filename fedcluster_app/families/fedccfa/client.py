@@ -180,16 +180,17 @@ def train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]
         raise ValueError("no training data")
     model = client.fresh_model(0, weights)
     model.train()
-    features, head = split_model(model)
     rng = client.rng(rnd, 7_000 + mid)
     xt, yt = as_tensor(x, device=client.device), as_tensor(y, np.int64, client.device)
     batch = p.batch_size
     metrics: dict[str, Any] = {P.NUM_EXAMPLES: int(len(y))}
     extra = None
     if algo in ("fedccfa", "fedrep"):
+        features, head = split_model(model)
         extra = _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
                                  rnd, metrics)
     elif algo == "fedbabu":
+        features, head = split_model(model)
         _freeze(head, True)
         metrics[P.TRAIN_LOSS] = _train_full(model, features.parameters(), xt, yt, rng, batch,
                                             p.ext_epochs, p.ext_lr, p)

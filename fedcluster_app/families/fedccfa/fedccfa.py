@@ -60,7 +60,7 @@ class _GeneralisedEval(ClusteredStrategy):
 
     message_kinds: ClassVar[dict[str, str]] = {P.TRAIN: W.TRAIN_KIND, P.EVALUATE: W.EVAL_KIND}
     algo: ClassVar[str] = ""
-    needs_head: ClassVar[bool] = True
+    needs_split_model = True   # client.py trains the extractor and the classifier apart
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
@@ -68,8 +68,6 @@ class _GeneralisedEval(ClusteredStrategy):
             # the clients' own SGD phases (client.py) build their optimizers afresh each round
             raise ConfigError(f"{self.name} trains with its own optimizers: optimizer-state must "
                               f"be 'round', got {self.cfg.train.optimizer_state!r}")
-        if self.needs_head:
-            self.require_split_model()
         self.pending: dict[int, dict[str, Any]] = {}
         self.gen_history: list[float | None] = []
         self._gen: dict[int, float] = {}
@@ -322,7 +320,7 @@ class FedBABU(_GeneralisedEval):
 class Flash(_GeneralisedEval):
     name, description, Params = catalogue.FLASH.class_attributes()
     algo = "flash"
-    needs_head = False
+    needs_split_model = False   # its clients train the whole model (client.py, _train_flash)
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
