@@ -170,9 +170,13 @@ def _interrupt(argv: list[str], out: Path, after_round: int) -> tuple[int, str]:
 
     from fedcluster_app.core.checkpoint import read_checkpoint
 
+    # Ctrl-C as a terminal delivers it: a shell that runs the tests in the background starts
+    # them with SIGINT ignored, which children inherit, and Python then never raises
+    # KeyboardInterrupt (the run went on to its end and exited 0)
     proc = subprocess.Popen([sys.executable, "-m", "fedcluster_app.cli", *argv], cwd=ROOT,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         try:
