@@ -254,7 +254,7 @@ def section_families(args, out: str) -> None:
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "--child", "families", "--on", on, "--device", args.device,
              "--budget-s", str(args.budget_s * 0.9), "--work", str(work), "--rows", str(sides[on]),
-             *child_flags(args)], env=child_env(args)))
+             *child_flags(args)], env=child_env()))
     for proc in procs:
         try:
             proc.wait(timeout=args.budget_s)
@@ -265,10 +265,10 @@ def section_families(args, out: str) -> None:
     for name, d in dev.items():   # a repeat is compared with the device's first run
         base = name.split("#")[0]
         c = dev.get(base, {}) if name != base else cpu.get(name, {})
-        emit(out, {"section": "families", **compare_runs(name, c, d, args.device)})
+        emit(out, {"section": "families", **compare_runs(name, c, d)})
 
 
-def compare_runs(name: str, c: dict, d: dict, device: str) -> dict:
+def compare_runs(name: str, c: dict, d: dict) -> dict:
     """One run on the device against the same run on the CPU."""
     import numpy as np
 
@@ -302,7 +302,7 @@ def compare_runs(name: str, c: dict, d: dict, device: str) -> dict:
 SAMPLES, STEPS, BATCH = 64, 2, 32
 
 
-def scaling_models(quick: bool) -> dict:
+def scaling_models() -> dict:
     from fedcluster_app.core.models import ModelSpec
 
     return {"cnn": ModelSpec("cnn", (1, 28, 28), 10),
@@ -360,7 +360,7 @@ def child_scaling(args, out: str) -> None:
         plan = [(m, mode, where, [n for n in ns if not args.sizes or n in args.sizes], cap)
                 for m, mode, where, ns, cap in plan
                 if f"{m} {mode} {where}" in args.modes]
-    specs = scaling_models(args.quick)
+    specs = scaling_models()
     for model, mode, where, ns, cap in plan:
         run = run_jobs if mode.startswith("one-by-one") else run_jobs_batched
         warm = make_jobs(specs[model], 8, where, seed=1)   # cuDNN's and vmap's first calls
@@ -486,7 +486,7 @@ def child_ray(args, out: str) -> None:
         t0 = time.perf_counter()
         with GpuProcesses() as gpu:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, cwd=args.work, env=child_env(args))
+                                    text=True, cwd=args.work, env=child_env())
             try:
                 log, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 60))
                 rc = proc.returncode
@@ -511,7 +511,7 @@ CHILDREN = {"families": child_families, "scaling": child_scaling, "endtoend": ch
             "ray": child_ray}
 
 
-def child_env(args) -> dict:
+def child_env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]),
         "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -540,7 +540,7 @@ def run_section(name: str, args, work: Path) -> list[dict]:
                "--budget-s", str(budget * 0.9), "--work", str(work), "--rows", str(rows),
                *child_flags(args)]
         try:
-            res = subprocess.run(cmd, env=child_env(args), timeout=budget * 1.5 + 30,
+            res = subprocess.run(cmd, env=child_env(), timeout=budget * 1.5 + 30,
                                  capture_output=True, text=True)
             if res.returncode:
                 emit(str(rows), {"section": name, "status": f"child exited {res.returncode}",

@@ -46,10 +46,10 @@ from fedcluster_app.core.models import (
 from fedcluster_app.core.sampling import batch_sizes, total_rows
 from fedcluster_app.core.training import (
     OptimizerState,
+    arrays_on,
     as_tensor,
     local_train,
     make_optimizer,
-    minibatches_on,
 )
 
 
@@ -335,11 +335,9 @@ def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
     model.train()
     total = torch.zeros(J, dtype=torch.float64, device=dev)
     steps = [len(j.batches) for j in jobs]
-    plan = _StepPlan([j.batches for j in jobs], offsets, dev)
     final: list[list[np.ndarray] | None] = [None] * J
-    for s in range(steps[0]):
-        a = sum(1 for n in steps if n > s)                 # jobs still training: 0..a-1
-        rows_t, mask, count = plan.step(s)
+    for s, (rows_t, mask, count) in enumerate(_step_plan([j.batches for j in jobs], offsets, dev)):
+        a = len(rows_t)                                    # jobs still training: 0..a-1
         live = {n: p[:a] for n, p in params.items()}
         opt.zero_grad(set_to_none=True)
         if mask is None and W is None:
@@ -369,39 +367,24 @@ def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
     return out  # type: ignore[return-value]
 
 
-class _StepPlan:
-    """Every step's rows of the stacked data, padding masks and minibatch sizes, made on the
-    host and copied to the device in one transfer each (a copy per step would make the host
-    wait for the GPU at every step)."""
-
-    def __init__(self, batches: list[list[np.ndarray]], offsets: np.ndarray, dev: str) -> None:
-        steps = [len(b) for b in batches]
-        rows, masks, counts = [], [], []
-        for s in range(max(steps)):
-            a = sum(1 for n in steps if n > s)
-            step_rows, mask = _minibatch_rows([b[s] for b in batches[:a]], offsets[:a])
-            rows.append(step_rows)
-            masks.append(mask)
-            counts.append(np.array([len(b[s]) for b in batches[:a]], dtype=np.float32))
-        self._rows = _split_on(rows, np.int64, dev)
-        ragged = [s for s, m in enumerate(masks) if m is not None]
-        on_dev = _split_on([masks[s] for s in ragged], np.float32, dev)
-        self._masks: list[torch.Tensor | None] = [None] * len(masks)
-        for s, m in zip(ragged, on_dev):
-            self._masks[s] = m
-        self._counts = _split_on(counts, np.float32, dev)
-
-    def step(self, s: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        return self._rows[s], self._masks[s], self._counts[s]
-
-
-def _split_on(arrays: list[np.ndarray], dtype, dev: str) -> list[torch.Tensor]:
-    """The arrays on ``dev`` after one copy of their concatenation, each in its own shape."""
-    if not arrays:
-        return []
-    flat = np.concatenate([np.asarray(a, dtype).ravel() for a in arrays])
-    parts = torch.from_numpy(flat).to(dev).split([a.size for a in arrays])
-    return [t.view(a.shape) for t, a in zip(parts, arrays)]
+def _step_plan(batches: list[list[np.ndarray]], offsets: np.ndarray, dev: str
+               ) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """Every step's rows of the stacked data (one row per job still training), padding mask
+    (None when its minibatches are of one size) and minibatch sizes, made on the host and
+    copied to the device in one transfer each (a copy per step would make the host wait for
+    the GPU at every step)."""
+    steps = [len(b) for b in batches]
+    rows, masks, counts = [], [], []
+    for s in range(max(steps)):
+        a = sum(1 for n in steps if n > s)
+        step_rows, mask = _minibatch_rows([b[s] for b in batches[:a]], offsets[:a])
+        rows.append(step_rows)
+        masks.append(mask)
+        counts.append(np.array([len(b[s]) for b in batches[:a]], dtype=np.float32))
+    ragged = iter(arrays_on([m for m in masks if m is not None], np.float32, dev))
+    return list(zip(arrays_on(rows, np.int64, dev),
+                    [None if m is None else next(ragged) for m in masks],
+                    arrays_on(counts, np.float32, dev)))
 
 
 def _minibatch_rows(batches: list[np.ndarray], offsets: np.ndarray

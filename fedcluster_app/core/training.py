@@ -146,14 +146,21 @@ def local_train(
 def minibatches_on(batches: list[np.ndarray], device: torch.device | str) -> list[torch.Tensor]:
     """Every minibatch's row indices on ``device``, copied there in one transfer (a copy per
     step would make the host wait for the GPU at every step)."""
-    if not len(batches):
-        return []
     array = getattr(batches, "array", None)      # sampling.Minibatches: already one array
     if array is not None:
-        return list(torch.from_numpy(np.ascontiguousarray(array, np.int64)).to(device))
-    sizes = [len(b) for b in batches]
-    flat = torch.from_numpy(np.concatenate([np.asarray(b, np.int64) for b in batches]))
-    return list(flat.to(device).split(sizes))
+        return list(arrays_on([array], np.int64, device)[0])
+    return arrays_on(batches, np.int64, device)
+
+
+def arrays_on(arrays: list[np.ndarray], dtype, device: torch.device | str
+              ) -> list[torch.Tensor]:
+    """The arrays as tensors of ``dtype`` on ``device``, each in its own shape, after one
+    copy of their concatenation."""
+    if not len(arrays):
+        return []
+    flat = np.concatenate([np.asarray(a, dtype).ravel() for a in arrays])
+    parts = torch.from_numpy(flat).to(device).split([np.size(a) for a in arrays])
+    return [t.view(np.shape(a)) for t, a in zip(parts, arrays)]
 
 
 #: an optimizer's per-parameter state as arrays: ``"<parameter index>.<name>"`` -> array, the
