@@ -9,7 +9,6 @@ with a message that names the key instead of somewhere inside round 7.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import tomllib
@@ -19,6 +18,7 @@ from typing import Any
 
 from fedcluster_app.core.plugins import is_import_path
 from fedcluster_app.core.project_files import presets_dir, project_file
+from fedcluster_app.core.user_text import read_value, suggest
 
 # checked here, resolved to a torch device by models.resolve_device (this module avoids torch)
 DEVICE_RULE = "'auto', 'cpu', 'cuda' or 'cuda:N'"
@@ -41,14 +41,6 @@ ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean")
 
 class ConfigError(ValueError):
     """A run-config value is invalid; the message names the key."""
-
-
-def suggest(name: str, valid: list[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest valid name, case ignored (``IFCA``, ``Sea4``),
-    or nothing: every unknown name (strategy, scenario, key, preset) gets it from here."""
-    by_lower = {v.lower(): v for v in valid}
-    close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=1, cutoff=0.6)
-    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
 
 
 def default_run_config() -> dict[str, ConfigValue]:
@@ -97,11 +89,7 @@ def parse_assignment(text: str) -> tuple[str, ConfigValue]:
     if "=" not in text:
         raise ConfigError(f"expected key=value, got {text!r}")
     key, raw = (part.strip() for part in text.split("=", 1))
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw  # a bare word such as  strategy=ifca
-    return key, value
+    return key, read_value(raw)
 
 
 def merge_overrides(

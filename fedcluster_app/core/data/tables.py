@@ -21,11 +21,11 @@ columns that exist (with the closest one for a misspelt name).
 
 from __future__ import annotations
 
-import difflib
-import tomllib
 from dataclasses import dataclass
 
 import numpy as np
+
+from fedcluster_app.core.user_text import read_value, suggest
 
 __all__ = ["INPUT_COLUMNS", "LABEL_COLUMNS", "ReadOptions", "Table", "closest", "column_names",
            "dataset_args", "frame_table", "read_csv", "read_hf", "read_parquet"]
@@ -102,19 +102,15 @@ def dataset_args(value: object) -> tuple[tuple[str, object], ...]:
                              f"\"path=data/iris.csv,rows=100\"")
         if key in out:
             raise ValueError(f"dataset-args = {text!r} sets {key!r} twice")
-        try:
-            out[key] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key] = raw   # a bare word or a path
+        out[key] = read_value(raw)   # as --set reads a value
     return tuple(out.items())
 
 
 def closest(name: str, valid: list[str]) -> str:
-    """`` (did you mean 'x'?)`` for the column closest to ``name``, or nothing."""
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-    if not close:   # a different case is the commonest slip: 'Species' for 'species'
-        close = [v for v in valid if v.lower() == name.lower()]
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """`` (did you mean 'x'?)`` for the column (or parameter) closest to ``name``, case ignored
+    ('Species' for 'species'), or nothing: ``config.suggest`` with a lower cutoff, as column
+    names are often short."""
+    return suggest(name, valid, cutoff=0.5)
 
 
 # ------------------------------------------------------------------------------ which columns
