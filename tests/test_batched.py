@@ -37,7 +37,7 @@ FAMILIES = {
                               "local-epochs": 1, "flexcfl.pretrain-scale": 2, **SGD}),
     # FedCCFA's own training (classifier and feature phases) runs per client either way
     "fedccfa": (["fedccfa"], {"scenario": "digits-ccfa", "num-steps": 3,
-                              "fedccfa.ext-epochs": 1}),
+                              "local-steps": 1}),
 }
 
 

@@ -38,8 +38,10 @@ TINY = {
     "scenario": "digits-swap", "model": "mlp", "hidden": 16, "num-steps": 2,
     "rounds-per-step": 2, "drift-step": 2, "samples-per-step": 60, "test-samples": 30,
     "dirichlet-alpha": 1.0, "progress": False, "plot": False,
-    "fedccfa.ext-epochs": 1, "fedccfa.align-start": 1, "fedrep.ext-epochs": 1,
-    "fedbabu.ext-epochs": 1, "fedbabu.ft-epochs": 1, "flash.epochs": 2,
+    "fedccfa.align-start": 1, "fedbabu.ft-epochs": 1,
+    # the papers' local SGD (the family trains with the run's shared recipe), one epoch
+    "optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight-decay": 1e-5, "batch-size": 64,
+    "local-steps": 0, "local-epochs": 1,
 }
 
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 # docs/fedccfa.md, "The personal classifier across rounds in a `flwr run` simulation"
 RAY_SETTINGS = ["model=mlp", "hidden=16", "num-steps=2", "rounds-per-step=2", "drift-step=2",
-                "samples-per-step=80", "fedccfa.ext-epochs=1", "fedccfa.align-start=1", "plot=false"]
+                "samples-per-step=80", "local-steps=2", "fedccfa.align-start=1", "plot=false"]
 
 
 def test_personal_classifier_survives_rounds_in_a_ray_simulation(tmp_path):
@@ -44,7 +44,7 @@ def test_personal_classifier_survives_rounds_in_a_deployment(tmp_path):
     cfg = merge_overrides(default_run_config(), {
         "strategy": "fedccfa", "scenario": "digits-ccfa", "num-clients": 3, "num-steps": 1,
         "rounds-per-step": 2, "model": "mlp", "hidden": 16, "samples-per-step": 60,
-        "test-samples": 30, "fedccfa.ext-epochs": 1, "fedccfa.align-start": 1, "plot": False,
+        "test-samples": 30, "local-steps": 1, "fedccfa.align-start": 1, "plot": False,
         "out-dir": str(out), "round-timeout": 240.0, "node-wait-s": 60.0})
     with LocalDeployment(tmp_path / "dep", num_nodes=3) as dep:
         started = dict(dep.pids)

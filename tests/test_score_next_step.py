@@ -182,7 +182,7 @@ def test_fedccfa_keeps_its_generalised_accuracy_of_the_current_step(tmp_path):
     """digits-ccfa has a test pool: the generalised accuracy is unchanged by the rule."""
     cfg = {"strategy": "fedccfa", "scenario": "digits-ccfa", "num-clients": 4, "num-steps": 3,
            "rounds-per-step": 1, "model": "mlp", "hidden": 16, "samples-per-step": 60,
-           "test-samples": 30, "fedccfa.ext-epochs": 1, "fedccfa.align-start": 1,
+           "test-samples": 30, "local-steps": 1, "fedccfa.align-start": 1,
            "progress": False, "plot": False}
     out = {}
     for on in (True, False):

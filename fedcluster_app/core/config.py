@@ -43,6 +43,16 @@ class ConfigError(ValueError):
     """A run-config value is invalid; the message names the key."""
 
 
+#: run-config keys that were replaced -> the key that sets the value now (declared by the
+#: hyper-parameter classes' ``moved``; see ``hparams.HParams``)
+MOVED_KEYS: dict[str, str] = {}
+
+
+def moved_message(key: str, new: str) -> str:
+    return (f"{key} is no longer a run-config key: the shared training setting {new} sets it "
+            f"now (every strategy trains with the run's one recipe; set {new.split()[0]} instead)")
+
+
 def default_run_config() -> dict[str, ConfigValue]:
     """The run-config keys and defaults declared in ``pyproject.toml``."""
     with project_file("pyproject.toml").open("rb") as fh:
@@ -99,6 +109,8 @@ def merge_overrides(
     A user's strategy brings its own keys: ``api.run_config_defaults`` gives the base."""
     merged = dict(base)
     for key, value in overrides.items():
+        if key not in base and key in MOVED_KEYS:
+            raise ConfigError(moved_message(key, MOVED_KEYS[key]))
         if key not in base:
             table = key.rsplit(".", 1)[0] + "." if "." in key else ""
             near = sorted(k for k in base if k.startswith(table) and ("." in k) == bool(table))

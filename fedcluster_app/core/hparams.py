@@ -24,7 +24,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar, get_type_hints
 
-from fedcluster_app.core.config import ConfigError, ConfigValue, section, suggest
+from fedcluster_app.core.config import (MOVED_KEYS, ConfigError, ConfigValue, moved_message,
+                                        section, suggest)
 
 T = TypeVar("T", bound="HParams")
 _TYPES = (bool, int, float, str)
@@ -110,6 +111,14 @@ class HParams:
     strategy's name unless the class says otherwise)."""
 
     table: ClassVar[str] = ""
+    #: keys this table once had, each with the run-config key that now sets it: refused,
+    #: naming that key (a value set under the old name would otherwise be ignored)
+    moved: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.table:
+            MOVED_KEYS.update({f"{cls.table}.{old}": new for old, new in cls.moved.items()})
 
     def __post_init__(self) -> None:
         hints = get_type_hints(type(self))
@@ -164,6 +173,8 @@ class HParams:
     def from_table(cls: type[T], values: Mapping[str, ConfigValue]) -> T:
         """From a run-config table (keys with ``-``); unknown keys are a ConfigError."""
         names = {cls.key_of(f): f.name for f in dataclasses.fields(cls)}
+        for key in sorted(set(values) & set(cls.moved)):
+            raise ConfigError(moved_message(f"{cls.table}.{key}", cls.moved[key]))
         unknown = sorted(set(values) - set(names))
         if unknown:
             raise ConfigError(f"unknown {cls.table} hyper-parameter(s) {', '.join(unknown)}"

@@ -25,11 +25,18 @@ Persistent memory lives in ``context.state`` only (it survives between rounds, a
 client is not sampled, in simulation and deployment): the personal classifier, the anchor set,
 the round of the last training (so stale server results are never applied twice over newer
 training) and Flash's previous validation loss. No optimiser state is kept: every phase gets a
-fresh SGD.
+fresh optimiser.
+
+Every phase trains with the run's shared recipe (``client.train_config``: optimizer, momentum,
+weight decay, batch size, drop-last), as every strategy's client does; the extractor (the whole
+model for Flash) also with its learning rate and local steps or epochs. Only what the papers
+define beyond it comes from the family's hyper-parameters (``params.py``): the classifier
+phases' learning rates and epochs, FedBABU's fine-tuning and Flash's early stopping.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from typing import Any
 
@@ -40,14 +47,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.models import (
     get_weights,
     split_model,
 )
 from fedcluster_app.core.stream_client import StreamClient
-from fedcluster_app.core.training import as_tensor, device_of
+from fedcluster_app.core.training import as_tensor, batch_indices, device_of, make_optimizer
 from fedcluster_app.core.training import evaluate as evaluate_model
-from fedcluster_app.families.fedccfa.params import FlashParams, SGDParams
+from fedcluster_app.families.fedccfa.params import FamilyParams, FlashParams
 from fedcluster_app.families.fedccfa.wire import (
     ALIGNED,
     ENTROPY,
@@ -72,9 +80,9 @@ STATE_META = "fedccfa.meta"                        # MetricRecord: trained-round
 
 
 # ------------------------------------------------------------------------------- helpers
-def _sgd(params, lr: float, p: SGDParams) -> torch.optim.Optimizer:
-    return torch.optim.SGD(list(params), lr=float(lr), momentum=float(p.momentum),
-                           weight_decay=float(p.weight_decay))
+def _optimizer(params, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
+    """The shared recipe's optimizer at a phase's learning rate."""
+    return make_optimizer(list(params), dataclasses.replace(cfg, lr=float(lr)))
 
 
 def _freeze(module: nn.Module, frozen: bool) -> None:
@@ -82,18 +90,16 @@ def _freeze(module: nn.Module, frozen: bool) -> None:
         p.requires_grad_(not frozen)
 
 
-def _epochs(n: int, epochs: int, batch: int, rng: np.random.Generator) -> list[np.ndarray]:
-    out = []
-    for _ in range(int(epochs)):
-        order = rng.permutation(n)
-        out += [order[i:i + batch] for i in range(0, n, batch)]
-    return out
+def _epochs(n: int, cfg: TrainConfig, epochs: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Whole shuffled epochs of the shared batch size: the length of a phase the papers give
+    in epochs of their own (the classifier's, FedBABU's fine-tuning)."""
+    return batch_indices(n, dataclasses.replace(cfg, local_steps=0, local_epochs=int(epochs)), rng)
 
 
 def _train_head(head: nn.Linear, z: torch.Tensor, y: torch.Tensor, batches: list[np.ndarray],
-                lr: float, p: SGDParams) -> float:
+                lr: float, cfg: TrainConfig) -> float:
     """Train only the classifier on fixed features ``z`` (the extractor is frozen)."""
-    opt = _sgd(head.parameters(), lr, p)
+    opt = _optimizer(head.parameters(), cfg, lr)
     total = 0.0
     for idx in batches:
         i = torch.from_numpy(np.asarray(idx)).to(z.device)
@@ -160,7 +166,7 @@ def apply_pending(client: StreamClient, config: dict) -> bool:
 
 # ------------------------------------------------------------------------------- training
 def _begin(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]], kind: str
-           ) -> tuple[int, list[np.ndarray], str, SGDParams]:
+           ) -> tuple[int, list[np.ndarray], str, FamilyParams]:
     """What every FedCCFA-family message starts with: its one model, the algorithm and its
     hyper-parameters, and the server's pending results of the client's last training applied
     to its personal state."""
@@ -182,27 +188,27 @@ def train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]
     model.train()
     rng = client.rng(rnd, 7_000 + mid)
     xt, yt = as_tensor(x, device=client.device), as_tensor(y, np.int64, client.device)
-    batch = p.batch_size
+    cfg = client.train_config(config)
     metrics: dict[str, Any] = {P.NUM_EXAMPLES: int(len(y))}
     extra = None
     if algo in ("fedccfa", "fedrep"):
         features, head = split_model(model)
-        extra = _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
-                                 rnd, metrics)
+        extra = _train_decoupled(client, p, cfg, algo, features, head, xt, yt, rng, rnd, metrics)
     elif algo == "fedbabu":
         features, head = split_model(model)
         _freeze(head, True)
-        metrics[P.TRAIN_LOSS] = _train_full(model, features.parameters(), xt, yt, rng, batch,
-                                            p.ext_epochs, p.ext_lr, p)
+        metrics[P.TRAIN_LOSS] = _train_full(model, features.parameters(), xt, yt,
+                                            batch_indices(len(yt), cfg, rng), cfg.lr, cfg)
         _freeze(head, False)
     elif algo == "flash":
-        metrics.update(_train_flash(client, config, p, model, xt, yt, rng, batch))
+        metrics.update(_train_flash(client, config, p, cfg, model, xt, yt, rng))
     return metrics, {mid: get_weights(model)}, {}, ({EXTRA: extra} if extra is not None else {})
 
 
-def _train_full(model, params, xt, yt, rng, batch, epochs, lr, p: SGDParams) -> float:
-    opt = _sgd([w for w in params if w.requires_grad], lr, p)
-    total, batches = 0.0, _epochs(len(yt), epochs, batch, rng)
+def _train_full(model, params, xt, yt, batches: list[np.ndarray], lr: float, cfg: TrainConfig
+                ) -> float:
+    opt = _optimizer([w for w in params if w.requires_grad], cfg, lr)
+    total = 0.0
     for idx in batches:
         i = torch.from_numpy(idx).to(xt.device)
         opt.zero_grad(set_to_none=True)
@@ -213,7 +219,7 @@ def _train_full(model, params, xt, yt, rng, batch, epochs, lr, p: SGDParams) -> 
     return total / max(1, len(batches))
 
 
-def _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch, rnd,
+def _train_decoupled(client, p, cfg: TrainConfig, algo, features, head, xt, yt, rng, rnd,
                      metrics) -> list[np.ndarray] | None:
     C = head.out_features
     phi0 = [head.weight.detach().clone(), head.bias.detach().clone()]
@@ -229,7 +235,7 @@ def _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
         m = int(min(p.bal_per_class, counts[present].min()))
         idx = np.concatenate([rng.choice(np.flatnonzero(y_np == c), size=m, replace=False)
                               for c in present])
-        _train_head(head, z_all, yt, [idx] * p.bal_steps, p.bal_lr, p)
+        _train_head(head, z_all, yt, [idx] * p.bal_steps, p.bal_lr, cfg)
         bal = [head.weight.detach().cpu().numpy().copy(), head.bias.detach().cpu().numpy().copy()]
     # 2. personal classifier: the stored one, else the balanced one (FedRep: phi(0)), 1 epoch
     meta = _meta(client)
@@ -244,7 +250,7 @@ def _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
                 head.weight.copy_(phi0[0])
                 head.bias.copy_(phi0[1])
             age = 1
-    _train_head(head, z_all, yt, _epochs(len(yt), p.clf_epochs, batch, rng), p.clf_lr, p)
+    _train_head(head, z_all, yt, _epochs(len(yt), cfg, p.clf_epochs, rng), p.clf_lr, cfg)
     # 3. entropy weight
     entropy = float(-(lambda p: (p * np.log(p)).sum())(counts[counts > 0] / counts.sum()))
     if algo == "fedccfa":
@@ -259,8 +265,8 @@ def _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
     align = (algo == "fedccfa" and lam > 0 and rnd - 1 >= p.align_start
              and bool(a_mask.all()))
     a_t = torch.from_numpy(a_held).to(xt.device) if align else None
-    opt = _sgd(features.parameters(), p.ext_lr, p)
-    total, batches = 0.0, _epochs(len(yt), p.ext_epochs, batch, rng)
+    opt = _optimizer(features.parameters(), cfg, cfg.lr)
+    total, batches = 0.0, batch_indices(len(yt), cfg, rng)
     for idx in batches:
         i = torch.from_numpy(idx).to(xt.device)
         opt.zero_grad(set_to_none=True)
@@ -298,17 +304,29 @@ def _train_decoupled(client, p, algo, model, features, head, xt, yt, rng, batch,
     return [bal[0], bal[1], personal[0], personal[1], local, mask]
 
 
-def _train_flash(client, config, p: FlashParams, model, xt, yt, rng, batch) -> dict[str, Any]:
-    """Flash client: up to E epochs, early stop when 0 < prev - loss < threshold/(epoch+1), with
-    the validation loss on the client's test split of the step; prev persists across rounds."""
+def _flash_passes(n: int, cfg: TrainConfig, rng: np.random.Generator) -> list[list[np.ndarray]]:
+    """Flash's training passes, each followed by its validation check: the shared
+    ``local-epochs`` whole epochs, or ``local-steps`` steps cut into passes of an epoch's
+    number of batches."""
+    if cfg.local_steps == 0:
+        return [_epochs(n, cfg, 1, rng) for _ in range(cfg.local_epochs)]
+    steps, per_pass = batch_indices(n, cfg, rng), -(-n // cfg.batch_size)
+    return [steps[i:i + per_pass] for i in range(0, len(steps), per_pass)]
+
+
+def _train_flash(client, config, p: FlashParams, cfg: TrainConfig, model, xt, yt, rng
+                 ) -> dict[str, Any]:
+    """Flash client: up to E passes (the shared local epochs, or local steps in passes of an
+    epoch's length), early stop when 0 < prev - loss < threshold/(pass+1), with the validation
+    loss on the client's test split of the step; prev persists across rounds."""
     xv, yv = client.test_data(int(config[P.STEP]))
     meta = _meta(client)
     prev = float(meta.get("flash-prev-loss", float("inf")))
-    thr, lr, epochs = p.threshold, p.lr, p.epochs
+    thr = p.threshold
     loss = 0.0
     run = 0
-    for e in range(epochs):
-        _train_full(model, model.parameters(), xt, yt, rng, batch, 1, lr, p)
+    for e, batches in enumerate(_flash_passes(len(yt), cfg, rng)):
+        _train_full(model, model.parameters(), xt, yt, batches, cfg.lr, cfg)
         run += 1
         val, _ = evaluate_model(model, xv, yv)
         model.train()
@@ -364,10 +382,11 @@ def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarr
     elif algo == "fedbabu" and p.ft_epochs > 0:
         x, y = client.train_data(step)
         rng = client.rng(int(config[P.ROUND]), 8_000)
+        cfg = client.train_config(config)
         model.train()
         _train_full(model, model.parameters(), as_tensor(x, device=client.device),
-                    as_tensor(y, np.int64, client.device), rng,
-                    p.batch_size, p.ft_epochs, p.ft_lr, p)
+                    as_tensor(y, np.int64, client.device), _epochs(len(y), cfg, p.ft_epochs, rng),
+                    p.ft_lr, cfg)
     x, y = client.eval_data(config)   # the current step's test split, or test-step / test-split
     loss, acc = _accuracy(model, x, y)
     metrics: dict[str, Any] = {P.LOSS: loss, P.NUM_EXAMPLES: int(len(y)), P.ACCURACY: acc}

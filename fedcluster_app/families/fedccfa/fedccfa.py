@@ -65,9 +65,13 @@ class _GeneralisedEval(ClusteredStrategy):
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
         if self.cfg.train.optimizer_state != "round":
-            # the clients' own SGD phases (client.py) build their optimizers afresh each round
-            raise ConfigError(f"{self.name} trains with its own optimizers: optimizer-state must "
-                              f"be 'round', got {self.cfg.train.optimizer_state!r}")
+            # the clients' training phases (client.py) build their optimizers afresh each round
+            raise ConfigError(f"{self.name} trains in phases with a fresh optimizer each: "
+                              f"optimizer-state must be 'round', got "
+                              f"{self.cfg.train.optimizer_state!r}")
+        if self.cfg.train.prox_mu > 0:
+            raise ConfigError(f"{self.name}'s clients train without a proximal term: prox-mu "
+                              f"must be 0, got {self.cfg.train.prox_mu}")
         self.pending: dict[int, dict[str, Any]] = {}
         self.gen_history: list[float | None] = []
         self._gen: dict[int, float] = {}

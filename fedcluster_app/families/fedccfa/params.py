@@ -1,6 +1,13 @@
 """The FedCCFA family's typed hyper-parameters, which every message carries (the server sends
 them, the client reads them through the same classes; it has no defaults of its own), apart
-from the strategies so that the catalogue reads them without importing torch or Flower."""
+from the strategies so that the catalogue reads them without importing torch or Flower.
+
+The local training itself is the run's shared recipe (``optimizer``, ``lr``, ``momentum``,
+``weight-decay``, ``local-steps`` / ``local-epochs``, ``batch-size``, ``drop-last``), as for
+every strategy: it trains the extractor (FedCCFA, FedRep, FedBABU) or the whole model (Flash).
+What the papers define on top of it is declared here: the classifier phases' learning rates and
+epochs, FedBABU's fine-tuning, Flash's early stopping and server optimiser. The keys these
+classes once had for the shared recipe are refused with the shared key that replaced them."""
 
 from __future__ import annotations
 
@@ -9,18 +16,22 @@ from dataclasses import dataclass
 from fedcluster_app.core.hparams import HParams, param
 
 
-@dataclass(frozen=True)
-class SGDParams(HParams):
-    """Local SGD of the FedCCFA family's clients (a fresh optimiser per phase)."""
-
-    batch_size: int = param(64, "minibatch size", ge=1)
-    momentum: float = param(0.9, "SGD momentum", ge=0, lt=1)
-    weight_decay: float = param(1e-5, "SGD weight decay", ge=0)
+#: keys of the shared recipe these tables once redeclared (a fresh optimiser per phase stays)
+_SHARED = {"batch-size": "batch-size", "momentum": "momentum", "weight-decay": "weight-decay"}
+_EXTRACTOR = {**_SHARED, "ext-lr": "lr", "ext-epochs": "local-epochs (with local-steps = 0)"}
 
 
 @dataclass(frozen=True)
-class FedCCFAParams(SGDParams):
+class FamilyParams(HParams):
+    """What every algorithm of the family has: nothing but the shared recipe's replacements."""
+
+    moved = _SHARED
+
+
+@dataclass(frozen=True)
+class FedCCFAParams(FamilyParams):
     table = "fedccfa"
+    moved = _EXTRACTOR
     eps: float = param(0.1, "DBSCAN eps on the MADD distance of balanced classifier rows "
                        "(0.05 for the digits demo)", gt=0)
     min_samples: int = param(1, "DBSCAN min_samples (1 = connected components)", ge=1)
@@ -36,35 +47,35 @@ class FedCCFAParams(SGDParams):
     bal_steps: int = param(5, "balanced classifier: steps on its one balanced batch", ge=1)
     bal_per_class: int = param(5, "balanced batch: samples per class (at most the smallest "
                                "present class)", ge=1)
-    clf_lr: float = param(0.1, "personal classifier lr (extractor frozen)", gt=0)
-    clf_epochs: int = param(1, "personal classifier epochs", ge=1)
-    ext_lr: float = param(0.01, "extractor lr (classifier frozen)", gt=0)
-    ext_epochs: int = param(5, "extractor epochs E", ge=1)
+    clf_lr: float = param(0.1, "personal classifier lr (extractor frozen; the extractor "
+                          "trains with the shared lr)", gt=0)
+    clf_epochs: int = param(1, "personal classifier epochs (the extractor trains for the "
+                            "shared local-steps / local-epochs)", ge=1)
 
 
 @dataclass(frozen=True)
-class FedRepParams(SGDParams):
+class FedRepParams(FamilyParams):
     table = "fedrep"
-    clf_lr: float = param(0.1, "classifier lr, extractor frozen", gt=0)
-    clf_epochs: int = param(1, "classifier epochs", ge=1)
-    ext_lr: float = param(0.01, "extractor lr, classifier frozen", gt=0)
-    ext_epochs: int = param(5, "extractor epochs", ge=1)
+    moved = _EXTRACTOR
+    clf_lr: float = param(0.1, "classifier lr, extractor frozen (the extractor trains with "
+                          "the shared lr)", gt=0)
+    clf_epochs: int = param(1, "classifier epochs (the extractor trains for the shared "
+                            "local-steps / local-epochs)", ge=1)
 
 
 @dataclass(frozen=True)
-class FedBABUParams(SGDParams):
+class FedBABUParams(FamilyParams):
     table = "fedbabu"
-    ext_lr: float = param(0.01, "extractor lr", gt=0)
-    ext_epochs: int = param(5, "extractor epochs", ge=1)
+    moved = _EXTRACTOR
     ft_lr: float = param(0.01, "fine-tuning lr (whole model) before each evaluation", gt=0)
     ft_epochs: int = param(5, "fine-tuning epochs (0 = evaluate the global model)", ge=0)
 
 
 @dataclass(frozen=True)
-class FlashParams(SGDParams):
+class FlashParams(FamilyParams):
     table = "flash"
-    lr: float = param(0.01, "client SGD lr", gt=0)
-    epochs: int = param(5, "at most this many local epochs", ge=1)
+    moved = {**_SHARED, "lr": "lr",
+             "epochs": "local-epochs (with local-steps = 0; early stopping may end sooner)"}
     threshold: float = param(0.004, "stop when 0 < prev_loss - loss < threshold / (epoch + 1)",
                              ge=0)
     eta_g: float = param(0.01, "server lr", gt=0)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.families.fedccfa.params import (
+    FamilyParams,
     FedBABUParams,
     FedCCFAParams,
     FedRepParams,
     FlashParams,
-    SGDParams,
 )
 
 TRAIN_KIND = "train.fedccfa"
@@ -39,11 +39,11 @@ P.declare_reply_metrics(**{GEN_ACCURACY: "unit", ENTROPY: "scalar", LAMBDA: "sca
 
 
 #: the hyper-parameter class of each ``ALGO``
-ALGORITHMS: dict[str, type[SGDParams]] = {"fedccfa": FedCCFAParams, "fedrep": FedRepParams,
+ALGORITHMS: dict[str, type[FamilyParams]] = {"fedccfa": FedCCFAParams, "fedrep": FedRepParams,
                                           "fedbabu": FedBABUParams, "flash": FlashParams}
 
 
-def read_params(config: dict) -> tuple[str, SGDParams]:
+def read_params(config: dict) -> tuple[str, FamilyParams]:
     """The algorithm and its hyper-parameters, as the server sent them."""
     algo = str(config[ALGO])
     if algo not in ALGORITHMS:
