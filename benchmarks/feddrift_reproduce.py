@@ -84,8 +84,10 @@ def run_config(strategy: str, dataset: str, seed: int, args) -> dict:
         "lr": 0.01, "weight-decay": 0.001, "optimizer": "adam",
         "num-clusters": CLUSTERS[base(dataset)], "feddrift.delta": DELTA[base(dataset)],
         "feddrift-baselines.driftsurf-delta": DRIFTSURF_DELTA[base(dataset)],
-        "feddrift-baselines.afa-lr": 0.1 if dataset == "sine2" else 0.01,
         "optimizer-state": args.optimizer_state,
+        # the paper's Adaptive-FedAvg: SGD at its own initial lr (0.1 on SINE-2, else 0.01)
+        **({"optimizer": "sgd", "lr": 0.1 if dataset == "sine2" else 0.01}
+           if strategy == "adaptive-fedavg" else {}),
         **args.overrides,
         "progress": False, "plot": False, "checkpoint-every": 0, "protocol": "none",
         "overwrite": True, "out-dir": str(Path(args.runs_dir) / _setting(args) / f"{strategy}-{dataset}-s{seed}"),

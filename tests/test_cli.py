@@ -143,7 +143,7 @@ def test_a_table_key_the_runs_strategy_does_not_read_is_refused_naming_its_reade
              "feddrift, feddrift-c, feddrift-eager, feddrift-eager-w, feddrift-w"),
             (["--run-config", "feddrift.delta=0.1"],        # its default value: still refused
              "feddrift, feddrift-c, feddrift-eager, feddrift-eager-w, feddrift-w"),
-            (["--set", "feddrift-baselines.afa-lr=0.1"],
+            (["--set", "feddrift-baselines.afa-beta=0.4"],
              "adaptive-fedavg, cfl, cfl-w, driftsurf, ifca-w")):
         assert main(["run", "--strategy", "ifca", *args, "--out", str(tmp_path / "x")]) == 2
         err = capsys.readouterr().err

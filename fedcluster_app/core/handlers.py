@@ -100,7 +100,7 @@ def call_many(calls: Sequence[Call]) -> list[tuple | Exception]:
 def train(client: StreamClient, config: dict, models: Models):
     """Train every model sent (or ``train-ids``), or the personal model, or IFCA's best one."""
     if config.get(P.PERSONAL):
-        job = client.fit_job(client.personal_weights(), {**config, "model-id": P.PERSONAL_MODEL_ID})
+        job = client.fit_job(client.personal_weights(), {**config, P.MODEL_ID: P.PERSONAL_MODEL_ID})
         (weights, loss), = yield [job]
         client.count_trained()
         client.store_personal(weights)
@@ -113,7 +113,7 @@ def train(client: StreamClient, config: dict, models: Models):
         chosen = ids[min(range(len(ids)), key=lambda j: (losses[j], j))]
         train_ids = [chosen]
         metrics.update({P.CHOSEN: chosen, P.LOSSES: losses, P.ACCURACIES: accs, P.MODEL_IDS: ids})
-    jobs = [client.fit_job(models[mid], {**config, "model-id": mid}) for mid in train_ids]
+    jobs = [client.fit_job(models[mid], {**config, P.MODEL_ID: mid}) for mid in train_ids]
     results = yield jobs
     trained, per_model = {}, {}
     for mid, job, (weights, loss) in zip(train_ids, jobs, results):

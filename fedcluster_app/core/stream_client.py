@@ -45,8 +45,9 @@ COUNTERS_KEY = "client-counters"
 OPTIMIZER_PREFIX = "optimizer-state."   # + stream id (a model id): one record per model
 _STATE_STEP = "time-step"               # the time step an optimizer state belongs to
 
-# run-config keys a server message may override for one round (e.g. a decayed learning rate)
-_TRAIN_OVERRIDES = {f.name.replace("_", "-"): f.name for f in dataclasses.fields(TrainConfig)}
+# the shared training settings a message may not change (wire.TRAIN_OVERRIDES are the ones it may)
+_FIXED_TRAIN_KEYS = frozenset(f.name.replace("_", "-") for f in dataclasses.fields(TrainConfig)
+                              ) - set(P.TRAIN_OVERRIDES)
 
 
 @functools.lru_cache(maxsize=256)
@@ -127,8 +128,14 @@ class StreamClient(NumPyClient):
         return round_draws(self.stream(server_round, model_id), n, cfg, bootstrap)
 
     def train_config(self, config: dict) -> TrainConfig:
-        overrides = tuple((_TRAIN_OVERRIDES[k], type(v), v) for k, v in config.items()
-                          if k in _TRAIN_OVERRIDES)
+        """The run's shared training settings, with the round's overrides a message may set."""
+        fixed = _FIXED_TRAIN_KEYS.intersection(config)
+        if fixed:
+            raise ValueError(f"the message sets the run's training setting(s) "
+                             f"{', '.join(sorted(fixed))}, which only the run config sets (a "
+                             f"message may change {', '.join(P.TRAIN_OVERRIDES)})")
+        overrides = tuple((P.TRAIN_OVERRIDES[k], type(v), v) for k, v in config.items()
+                          if k in P.TRAIN_OVERRIDES)
         try:
             return _with_overrides(self.exp.cfg.train, overrides)
         except TypeError:       # an unhashable value: replace() takes it (or refuses it) itself
@@ -160,7 +167,7 @@ class StreamClient(NumPyClient):
     def fit_job(self, parameters, config, **kw) -> FitJob:
         """What ``fit`` trains, as a job a handler yields (``core/batched.py``): the model
         ``model-id`` on its data, minibatches drawn from this client's stream for that model."""
-        mid = int(config.get("model-id", 0))
+        mid = int(config.get(P.MODEL_ID, 0))
         x, y = self.fit_data(config, mid)
         return self.job(parameters, x, y, config, mid, **kw)
 

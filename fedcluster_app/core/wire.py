@@ -57,6 +57,14 @@ DATA_STEPS = "data-steps"      # train/losses on these time steps' training data
                                # window; "data-steps.<model id>" sets it for one model
 TEST_STEP = "test-step"        # evaluate on this step's data (e.g. FedDrift: the next step)
 TEST_SPLIT = "test-split"      # evaluate on that step's "test" split (default) or "train" batch
+MODEL_ID = "model-id"          # the model a job trains (a NumPyClient-style fit of one model)
+
+# The run's shared training settings (``config.TrainConfig``) reach every client through the run
+# config; a message may change only these for its round (key -> TrainConfig field), and a client
+# refuses a message that sets any other (it would make one strategy's recipe differ silently).
+TRAIN_LR = "lr"                # e.g. Adaptive-FedAvg's adapted learning rate
+TRAIN_PROX_MU = "prox-mu"      # e.g. FedProx's mu where the run leaves it at 0
+TRAIN_OVERRIDES = {TRAIN_LR: "lr", TRAIN_PROX_MU: "prox_mu"}
 
 # metric keys clients reply with
 CLIENT_ID = "client-id"

@@ -54,14 +54,18 @@ FAMILY_RUNS = {
                  "fedccfa.align-start": 2, "fedbabu.ft-epochs": 1}),
 }
 
-# The FedCCFA family's clients trained with this recipe of their own until they read the shared
-# one: the runs recorded then state it, so that they still compare (with 1 local epoch in the
-# family's own runs, as their keys fedccfa.ext-epochs etc. said).
+# The FedCCFA family's clients and Adaptive-FedAvg trained with recipes of their own until they
+# read the shared one: the runs recorded then state them, so that they still compare (with 1
+# local epoch in the FedCCFA family's own runs, as their keys fedccfa.ext-epochs etc. said).
 CCFA_RECIPE = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight-decay": 1e-5,
                "batch-size": 64, "local-steps": 0, "local-epochs": 5}
+AFA_ROUNDS_RECIPE = {"optimizer": "sgd", "momentum": 0.9, "weight-decay": 1e-5}  # eta0 0.01
+AFA_RECIPE = {"optimizer": "sgd", "lr": 0.1}       # afa-lr 0.1, momentum 0, the run's decay
 RECIPES = {("fast", s): CCFA_RECIPE for s in ("fedccfa", "fedrep", "fedbabu", "flash")}
 RECIPES |= {("fedccfa", s): {**CCFA_RECIPE, "local-epochs": 1}
             for s in ("fedccfa", "fedrep", "fedbabu", "flash")}
+RECIPES |= {(family, "adaptive-fedavg-rounds"): AFA_ROUNDS_RECIPE for family in ("fast", "fedccfa")}
+RECIPES |= {(family, "adaptive-fedavg"): AFA_RECIPE for family in ("fast", "feddrift")}
 
 # wall-clock readings and paths: they differ between any two runs
 VOLATILE = {"round_time_s", "wall_time_s", "fielding_cluster_s", "fielding_handling_s",

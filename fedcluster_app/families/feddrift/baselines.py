@@ -120,10 +120,7 @@ class AdaptiveFedAvgT(AdaptiveFedAvg):
 
     def schedule_constants(self) -> tuple[float, float, float, float]:
         p = self.params
-        return p.afa_lr, p.afa_beta, p.afa_beta, p.afa_beta
-
-    def client_optimizer(self) -> dict[str, Any]:
-        return {"momentum": 0.0}      # plain SGD; the run's weight decay
+        return self.cfg.train.lr, p.afa_beta, p.afa_beta, p.afa_beta
 
 
 # ------------------------------------------------------------------ written for the protocol

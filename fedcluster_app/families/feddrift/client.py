@@ -100,14 +100,16 @@ def model_ce_error(client: StreamClient, weights, x, y, config) -> tuple[float, 
 # ------------------------------------------------------------------------ handlers
 def _weighted_batches(client: StreamClient, steps: list[int], weights: list[float], cfg,
                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """Minibatches that first draw a step with probability proportional to its weight."""
+    """Minibatches that first draw a step with probability proportional to its weight:
+    ``local-steps`` of them, or ``local-epochs`` times as many as an epoch of all the steps has."""
     parts = [client.exp.scenario.step_data(client.client_id, int(t)) for t in steps]
     sizes = np.array([len(p.y_train) for p in parts])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     x, y = client.steps_data(steps)
     prob = np.asarray(weights, dtype=np.float64)
     prob = prob / prob.sum()
-    n_batches = cfg.local_steps if cfg.local_steps > 0 else max(1, int(np.ceil(len(y) / cfg.batch_size)))
+    n_batches = cfg.local_steps if cfg.local_steps > 0 else (
+        cfg.local_epochs * max(1, int(np.ceil(len(y) / cfg.batch_size))))
     batches = []
     for _ in range(n_batches):
         k = int(rng.choice(len(parts), p=prob))

@@ -29,14 +29,14 @@ class BaselineParams(HParams):
     """Hyper-parameters of the FedDrift paper's baselines (one table)."""
 
     table = "feddrift-baselines"
+    #: Adaptive-FedAvg's schedule starts from the run's shared lr
+    moved = {"afa-lr": "lr"}
     driftsurf_delta: float = param(0.05, "DriftSurf threshold (the authors' code: SINE 0.10, "
                                    "CIRCLE 0.05, SEA 0.02)", gt=0, le=1)
     driftsurf_reactive: int = param(3, "DriftSurf reactive period r (steps, the first "
                                     "included)", ge=2)
     cfl_gamma: float = param(0.1, "CFL split threshold on sqrt((1 - max cross cosine) / 2)",
                              gt=0, lt=1)
-    afa_lr: float = param(0.1, "Adaptive-FedAvg initial SGD lr (paper: 0.01 on CIRCLE/SEA, "
-                          "0.1 on SINE-2)", gt=0)
     afa_beta: float = param(0.5, "Adaptive-FedAvg beta1 = beta2 = beta3", gt=0, lt=1)
     ifca_choice: str = param("error", "IFCA-W's choice every round: the model of lowest 0-1 "
                              "error on the newest batch (the authors' code: highest accuracy; "

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.strategy import Reply, Task
 from fedcluster_app.families.foundation import catalogue
 from fedcluster_app.families.foundation.cfl import flatten
@@ -94,20 +95,15 @@ class AdaptiveFedAvg(FedAvg):
         self._round_lr = self.schedule.lr
 
     def schedule_constants(self) -> tuple[float, float, float, float]:
-        """(eta0, beta1, beta2, beta3)."""
+        """(eta0, beta1, beta2, beta3); eta0 is the run's shared lr."""
         p = self.params
-        return p.eta0, p.beta1, p.beta2, p.beta3
-
-    def client_optimizer(self) -> dict[str, Any]:
-        """The SGD settings sent with the lr (momentum, weight decay)."""
-        return {"momentum": self.params.momentum, "weight-decay": self.params.weight_decay}
+        return self.cfg.train.lr, p.beta1, p.beta2, p.beta3
 
     def plan_train(self, step: int) -> dict[int, Task]:
         plan = super().plan_train(step)
         self._round_lr = self.schedule.lr
-        for task in plan.values():
-            task.config.update({"optimizer": "sgd", "lr": float(self.schedule.lr),
-                                **self.client_optimizer()})
+        for task in plan.values():   # the one setting it changes: the rest is the shared recipe
+            task.config[P.TRAIN_LR] = float(self.schedule.lr)
         return plan
 
     def on_train_replies(self, step: int, replies: list[Reply]) -> None:

@@ -17,6 +17,7 @@ FlexCFL's selection its FedAvg reference.
 
 from __future__ import annotations
 
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.strategy import ClusteredStrategy, Task
 from fedcluster_app.families.foundation import catalogue
 
@@ -34,5 +35,5 @@ class FedProx(FedAvg):
         mu = self.cfg.train.prox_mu or self.DEFAULT_MU
         plan = super().plan_train(step)
         for task in plan.values():
-            task.config["prox-mu"] = mu
+            task.config[P.TRAIN_PROX_MU] = mu
         return plan

@@ -34,10 +34,9 @@ class AdaptiveFedAvgParams(HParams):
     """Adaptive-FedAvg with the FedCCFA paper's constants, adapted every round."""
 
     table = "adaptive-fedavg-rounds"
+    #: the schedule starts from the run's shared lr and adapts it for the shared optimizer
+    moved = {"eta0": "lr", "momentum": "momentum", "weight-decay": "weight-decay"}
     beta1: float = param(0.7, "EMA rate of the global weights", gt=0, lt=1)
     beta2: float = param(0.3, "EMA rate of their squared deviation from the previous mean",
                          gt=0, lt=1)
     beta3: float = param(0.7, "EMA rate of the variance ratio", gt=0, lt=1)
-    eta0: float = param(0.01, "initial (and largest) client SGD lr", gt=0)
-    momentum: float = param(0.9, "client SGD momentum", ge=0, lt=1)
-    weight_decay: float = param(1e-5, "client SGD weight decay", ge=0)
