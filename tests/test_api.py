@@ -70,7 +70,7 @@ def test_every_strategy_class_is_importable_by_name():
     (lambda: make_strategy("feddrift", loss="hinge"), "feddrift.loss must be one of 'error', "
                                                       "'cross-entropy', got 'hinge'"),
     (lambda: make_strategy("fielding", k_min=1), "fielding.k-min must be an integer >= 2, got 1"),
-    (lambda: make_strategy("ifca", num_clusters=0), "num-clusters (K) must be >= 1"),
+    (lambda: make_strategy("ifca", num_clusters=0), "num-clusters must be an integer >= 1"),
     (lambda: make_strategy("fedavg", delta=0.1), "unknown keyword 'delta'"),
 ])
 def test_bad_names_and_keywords_are_named_before_anything_runs(call, message):

@@ -94,7 +94,7 @@ def test_unknown_key_and_bad_value(tmp_path, capsys):
     assert main(["run", "--set", "learnin-rate=0.1", "--out", str(tmp_path)]) == 2
     assert "unknown run-config key 'learnin-rate'" in capsys.readouterr().err
     assert main(["run", "--set", "lr=-1", "--out", str(tmp_path)]) == 2
-    assert "lr must be a positive" in capsys.readouterr().err
+    assert "lr must be > 0" in capsys.readouterr().err
 
 
 def test_report_compares_runs(tmp_path, capsys):

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import tomllib
 from pathlib import Path
@@ -154,6 +155,32 @@ def test_the_pyproject_tables_are_generated_from_the_classes():
     first = text.index("[tool.flwr.app.config.", text.index("[tool.flwr.app.config]") + 1)
     assert text[first:] == hyperparameter_tables(), \
         "regenerate the tables: fedcluster list params --toml (they end pyproject.toml)"
+
+
+def test_the_run_config_table_is_generated_from_the_groups():
+    """Every run-config key is declared once, in a group of core/config.py; pyproject.toml's
+    [tool.flwr.app.config] (which flwr run reads) is generated from the groups."""
+    from fedcluster_app.core.config import GROUPS, RunConfig, TrainConfig, run_config_table
+
+    text = (ROOT / "pyproject.toml").read_text()
+    start = text.index("[tool.flwr.app.config]\n")
+    assert text[start:].startswith(run_config_table()), \
+        "regenerate [tool.flwr.app.config] from core/config.py's groups (run_config_table())"
+    keys = [k for group in GROUPS for k in group.keys()]
+    assert len(keys) == len(set(keys))                  # no key in two groups
+    assert set(RunConfig.keys()) | set(TrainConfig.keys()) == set(keys)
+    assert TrainConfig() == TrainConfig(**{f: v for f, v in zip(
+        TrainConfig.names(), [d for _, d, _, _ in TrainConfig.describe()])})
+
+
+def test_every_settings_field_is_declared_with_its_description():
+    """A field of a settings class without param() would escape validation and the tables."""
+    from fedcluster_app.api import STRATEGIES
+    from fedcluster_app.core.config import GROUPS
+    from fedcluster_app.core.hparams import declared
+
+    for cls in {*GROUPS, *(s.Params for s in STRATEGIES.values())}:
+        assert declared(cls) == dataclasses.fields(cls), cls.__name__
 
 
 def test_every_hyper_parameter_has_a_description():

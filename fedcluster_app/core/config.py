@@ -1,21 +1,34 @@
 """Run configuration: the flat ``run_config`` dict Flower hands both apps, typed and validated.
 
-The defaults live in one place, ``[tool.flwr.app.config]`` of ``pyproject.toml``; this module
-reads them from there (for the in-process engine and the CLI, which do not go through
-``flwr run``) and checks every value before the first round, so a bad hyper-parameter fails
-with a message that names the key instead of somewhere inside round 7.
+Every key is declared once, as a field of one of the groups below (what runs, the data, the
+model, the one training recipe every strategy trains with, the federation, defences against
+poisoned replies, results): its default, what it allows and a one-line description. The
+``[tool.flwr.app.config]`` table of ``pyproject.toml``, which ``flwr run`` reads, is generated
+from them (:func:`run_config_table`; a test compares). The in-process engine and the CLI read
+the defaults from there too, and every value is checked before the first round (the fields'
+bounds, then a few rules across keys), so a bad setting fails with a message that names the
+key instead of somewhere inside round 7.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedcluster_app.core.hparams import (  # noqa: F401  (ConfigError & co. are imported from here)
+    MOVED_KEYS,
+    ConfigError,
+    ConfigValue,
+    HParams,
+    moved_message,
+    param,
+    section,
+    toml_value,
+)
 from fedcluster_app.core.plugins import is_import_path
 from fedcluster_app.core.project_files import presets_dir, project_file
 from fedcluster_app.core.user_text import read_value, suggest
@@ -28,29 +41,16 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 def is_device_name(device: str) -> bool:
     return bool(_DEVICE.match(str(device)))
 
-ConfigValue = bool | int | float | str
-
 
 #: sizes beyond which a run cannot work on one machine: refused before round 1, not left to hang
 MAX_CLIENTS = 100_000
 MAX_SAMPLES = 1_000_000
+MAX_SEED = 2**32 - 1        # the range of seeds NumPy's and PyTorch's users know
 
 #: robust-aggregation values: none (the weighted mean), or Flower's coordinate-wise rules
 ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean")
 
 
-class ConfigError(ValueError):
-    """A run-config value is invalid; the message names the key."""
-
-
-#: run-config keys that were replaced -> the key that sets the value now (declared by the
-#: hyper-parameter classes' ``moved``; see ``hparams.HParams``)
-MOVED_KEYS: dict[str, str] = {}
-
-
-def moved_message(key: str, new: str) -> str:
-    return (f"{key} is no longer a run-config key: the shared training setting {new} sets it "
-            f"now (every strategy trains with the run's one recipe; set {new.split()[0]} instead)")
 
 
 def default_run_config() -> dict[str, ConfigValue]:
@@ -142,116 +142,247 @@ def _coerce(key: str, value: ConfigValue, default: ConfigValue) -> ConfigValue:
     raise ConfigError(f"{key} must be of type {type(default).__name__}, got {value!r}")
 
 
+# ----------------------------------------------------------------------------- the groups
 @dataclass(frozen=True)
-class TrainConfig:
-    """How a client trains a model locally in one round (sent to clients in every message)."""
+class RunSettings(HParams):
+    """What runs: the algorithm, the scenario, the seeds and the rounds."""
 
-    optimizer: str = "adam"
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    local_steps: int = 20
-    local_epochs: int = 1
-    batch_size: int = 50
-    drop_last: bool = False
-    prox_mu: float = 0.0
-    optimizer_state: str = "round"     # round: a fresh optimizer every round | step: kept per time step
+    strategy: str = param("ifca", "algorithm (fedcluster list strategies)")
+    scenario: str = param("mixture-swap", "data + drift scenario (fedcluster list scenarios)")
+    protocol: str = param("scenario", "scenario: keys left at their defaults take the scenario's "
+                          "paper protocol (fedcluster list protocols) | none",
+                          choices=("scenario", "none"))
+    seed: int = param(0, "model init, sampling and minibatch randomness", ge=0, le=MAX_SEED)
+    data_seed: int = param(-1, "data generation seed; -1 = same as seed", ge=-1, le=MAX_SEED)
+    out_dir: str = param("", "results directory; \"\" = runs/<strategy>-<scenario>-s<seed>")
+    rounds_per_step: int = param(5, "communication rounds per time step", ge=1)
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """Everything a run needs, validated. Field names are the run-config keys with ``_``."""
+class DataSettings(HParams):
+    """The time steps and the data, everything the scenario is built from.
 
-    strategy: str
-    scenario: str
-    seed: int
-    data_seed: int
-    out_dir: str
-    rounds_per_step: int
-    num_steps: int
-    num_clients: int
-    samples_per_step: int
-    test_samples: int
-    window: int
-    schedule: str
-    drift_pattern: str
-    drift_step: int
-    dirichlet_alpha: float
-    data_dir: str
-    dataset: str
-    partition: str
-    disjoint: bool
-    classes_per_client: int
-    test_fraction: float
-    num_classes: int
-    input_shape: str
-    label_column: str
-    feature_columns: str
-    partition_column: str
-    dataset_args: str
-    remap_labels: bool
-    oversample: bool
-    model: str
-    hidden: int
-    init: str
-    device: str
-    batch_clients: bool
-    deterministic: bool
-    protocol: str
-    train: TrainConfig
-    fraction_train: float
-    fraction_evaluate: float
-    eval_every: int
-    score_next_step: bool
-    num_clusters: int
-    min_nodes: int
-    node_wait_s: float
-    round_timeout: float
-    update_norm_bound: float
-    robust_aggregation: str
-    trim_fraction: float
-    checkpoint_every: int
-    checkpoint_client_state: bool
-    resume_from: str
-    overwrite: bool
-    plot: bool
-    progress: bool
+    ``0`` / ``""`` leave a setting to the scenario."""
+
+    num_steps: int = param(0, "0 = the scenario's number of time steps", ge=0)
+    num_clients: int = param(0, f"0 = the scenario's number of clients (at most "
+                             f"{MAX_CLIENTS:,}: each has its own data stream and record)",
+                             ge=0, le=MAX_CLIENTS)
+    samples_per_step: int = param(0, "training samples per client and step; 0 = scenario "
+                                  "default", ge=0, le=MAX_SAMPLES)
+    test_samples: int = param(0, "test samples per client and step; 0 = scenario default",
+                              ge=0, le=MAX_SAMPLES)
+    schedule: str = param("", "path of a FedDrift .cp concept matrix that replaces the "
+                          "scenario's")
+    drift_pattern: str = param("", "\"\" = scenario's own | none | sudden | incremental | "
+                               "recurring | staggered")
+    drift_step: int = param(0, "first drifted step for drift-pattern; 0 = scenario default", ge=0)
+    dirichlet_alpha: float = param(0.0, "label skew across clients for pool datasets; 0 = "
+                                   "scenario default", ge=0, allow_inf=True)
+    data_dir: str = param("", "local directory of torchvision datasets (mnist-*, fmnist-*, "
+                          "cifar10-*)")
+    dataset: str = param("", "your data for dataset-*: npz:PATH | csv:PATH | parquet:PATH | "
+                         "imagefolder:PATH | hf-disk:PATH | river:<Table> | "
+                         "package.module:callable")
+    partition: str = param("", "how a pool is shared: \"\" = scenario default | iid | dirichlet "
+                           "(dirichlet-alpha) | pathological")
+    disjoint: bool = param(False, "true = clients draw only from disjoint shards of the train "
+                           "pool (Flower Datasets partitioners)")
+    classes_per_client: int = param(2, "classes of each client with partition = pathological",
+                                    ge=1)
+    test_fraction: float = param(0.25, "share of a dataset without a test split held out "
+                                 "(stratified) for testing", gt=0, lt=1)
+    num_classes: int = param(0, "classes of dataset when the server cannot read it; 0 = from "
+                             "the data", ge=0)
+    input_shape: str = param("", "input shape of dataset when the server cannot read it, "
+                             "\"1,28,28\" or \"18\"; \"\" = from the data")
+    label_column: str = param("", "csv: / parquet: / hf-disk: / a DataFrame: the column of the "
+                              "class labels; \"\" = the one column named label, labels, y, "
+                              "target, class or fine_label (README, Your own dataset)")
+    feature_columns: str = param("", "the input columns, comma-separated: "
+                                 "\"sepal_length,sepal_width\"; \"\" = every column but the label "
+                                 "and partition columns (one number per column), or the one "
+                                 "column of images or arrays")
+    partition_column: str = param("", "a column naming the user or device of each row: each "
+                                  "distinct value is one client's rows (num-clients = 0: one "
+                                  "client per value)")
+    dataset_args: str = param("", "keyword arguments of a package.module:callable dataset, "
+                              "comma-separated key=value (values as in --set): "
+                              "\"path=data/iris.csv,rows=100\"")
+    remap_labels: bool = param(False, "false = refuse labels that are not the integers 0..C-1 "
+                               "with every class present; true = number the distinct labels "
+                               "0..C-1 in sorted order (logged)")
+    oversample: bool = param(False, "false = a client whose pool (or shard) holds fewer rows "
+                             "than samples-per-step / test-samples uses each row once and "
+                             "reports that count; true = draw that many with replacement")
+
+    def check(self) -> None:
+        if self.num_classes == 1:
+            raise ConfigError("num-classes must be 0 (from the data) or >= 2, got 1")
+        _check_data_keys(self)
+
+
+@dataclass(frozen=True)
+class ModelSettings(HParams):
+    """The model, where clients train it and on how much of their past."""
+
+    model: str = param("", "\"\" = scenario's choice | mlp | cnn | package.module:callable (your "
+                       "own: README, Bring your own)")
+    hidden: int = param(0, "MLP hidden width; 0 = scenario default", ge=0)
+    init: str = param("torch", "initial weights: torch (PyTorch's defaults) | normal "
+                      "(N(0, 1/fan_in), biases 0)", choices=("torch", "normal"))
+    device: str = param("auto", "where clients train: auto (a GPU if the process sees one, else "
+                        "the CPU) | cpu | cuda | cuda:N")
+    batch_clients: bool = param(True, "the in-process engine trains a round's clients as one "
+                                "batched program (equal up to float rounding); false = one "
+                                "client after the other")
+    deterministic: bool = param(True, "on a GPU: cuDNN's deterministic algorithms, so a seed "
+                                "repeats bit for bit; false = its fastest ones (batched CNN "
+                                "rounds up to 2.3x faster on an H200, docs/performance.md)")
+    window: int = param(1, "past steps of data a client trains on (1 = newest only)", ge=1)
+
+    def check(self) -> None:
+        if not (self.model in ("", "mlp", "cnn") or is_import_path(self.model)):
+            raise ConfigError(f"model must be '', 'mlp', 'cnn' or 'package.module:callable' "
+                              f"(your own model), got {self.model!r}")
+        if not is_device_name(self.device):
+            raise ConfigError(f"device must be {DEVICE_RULE}, got {self.device!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig(HParams):
+    """The one training recipe every strategy's clients train with locally in a round.
+
+    A family adds only what its paper defines on top (its own table); a message may change
+    only the keys of ``wire.TRAIN_OVERRIDES`` for its round."""
+
+    optimizer: str = param("adam", "adam (with amsgrad) | sgd", choices=("adam", "sgd"))
+    lr: float = param(0.01, "learning rate of the local optimizer", gt=0)
+    momentum: float = param(0.0, "SGD momentum", ge=0, lt=1)
+    weight_decay: float = param(0.0, "L2 weight decay of the local optimizer", ge=0)
+    local_steps: int = param(20, "minibatch steps per round; 0 = use local-epochs", ge=0)
+    local_epochs: int = param(1, "epochs per round when local-steps = 0", ge=0)
+    batch_size: int = param(50, "minibatch size", ge=1)
+    drop_last: bool = param(False, "local-epochs mode: skip each epoch's last partial batch")
+    prox_mu: float = param(0.0, "FedProx proximal term; 0 = FedAvg", ge=0)
+    optimizer_state: str = param("round", "round: a fresh optimizer every round | step: each "
+                                 "client keeps its optimizer's state per model through a time "
+                                 "step (the FedDrift authors' clients)",
+                                 choices=("round", "step"))
+
+    def check(self) -> None:
+        if self.local_steps == 0 and self.local_epochs < 1:
+            raise ConfigError(f"local-epochs must be >= 1 when local-steps = 0, got "
+                              f"{self.local_epochs}")
+
+
+@dataclass(frozen=True)
+class FederationSettings(HParams):
+    """Who takes part in a round, how long the server waits, and the clusters."""
+
+    fraction_train: float = param(1.0, "fraction of each cluster's clients sampled for training",
+                                  gt=0, le=1)
+    fraction_evaluate: float = param(1.0, "fraction of clients evaluated per round", gt=0, le=1)
+    eval_every: int = param(1, "evaluate every N rounds (the last round is always evaluated)",
+                            ge=1)
+    score_next_step: bool = param(False, "true = every protocol also logs accuracy_current "
+                                  "(every evaluated round: the current step's test split) and "
+                                  "accuracy_next (end of step t: the same models on step t+1's "
+                                  "test split, before they adapt); the last round of each step "
+                                  "is then always evaluated")
+    num_clusters: int = param(2, "K for ifca", ge=1)
+    min_nodes: int = param(0, "wait for this many nodes; 0 = the scenario's number of clients",
+                           ge=0)
+    node_wait_s: float = param(10.0, "how long to wait for min-nodes before starting with fewer",
+                               ge=0)
+    round_timeout: float = param(600.0, "seconds to wait for replies in a round; stragglers are "
+                                 "dropped", gt=0)
+
+
+@dataclass(frozen=True)
+class DefenceSettings(HParams):
+    """Defences against poisoned replies (docs/reliability.md)."""
+
+    update_norm_bound: float = param(10.0, "an update (returned - sent model) longer than this x "
+                                     "the median update of the same model in the exchange (3 or "
+                                     "more) is scaled down to it; 0 = off", ge=0)
+    robust_aggregation: str = param("none", "none (num-examples-weighted mean) | median | "
+                                    "trimmed-mean: coordinate-wise, for the averaging of client "
+                                    "updates", choices=ROBUST_AGGREGATIONS)
+    trim_fraction: float = param(0.1, "trimmed-mean: share of the values cut at each end, per "
+                                 "coordinate", ge=0, lt=0.5)
+
+
+@dataclass(frozen=True)
+class ResultSettings(HParams):
+    """Results and state: checkpoints, resuming, what is written."""
+
+    checkpoint_every: int = param(0, "write a checkpoint every N rounds; 0 = only at the end",
+                                  ge=0)
+    checkpoint_client_state: bool = param(True, "the checkpoint also keeps every client's "
+                                          "context.state (personal models, ...), put back on "
+                                          "resume; false = it stays on the devices only")
+    resume_from: str = param("", "checkpoint file or run directory to resume from")
+    overwrite: bool = param(False, "true = a new run may replace the finished run in out-dir "
+                            "(refused otherwise)")
+    plot: bool = param(True, "write plot.png at the end of the run")
+    progress: bool = param(True, "log a line per round")
+
+
+#: the groups, in the order of pyproject.toml; the training recipe is ``RunConfig.train``
+GROUPS: tuple[type[HParams], ...] = (RunSettings, DataSettings, ModelSettings, TrainConfig,
+                                     FederationSettings, DefenceSettings, ResultSettings)
+
+
+@dataclass(frozen=True)
+class RunConfig(ResultSettings, DefenceSettings, FederationSettings, ModelSettings, DataSettings,
+                RunSettings):
+    """Everything a run needs, validated: every group's keys as attributes (names with ``_``),
+    the training recipe as ``train``, and every key as given (strategies' tables too) in
+    ``raw``."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)
     raw: dict[str, ConfigValue] = field(default_factory=dict, compare=False)
+
+    def check(self) -> None:
+        for group in (DataSettings, ModelSettings):
+            group.check(self)
+        if self.schedule and not Path(self.schedule).is_file():
+            from fedcluster_app.core.data.schedules import bundled_schedule_names
+
+            if self.schedule not in bundled_schedule_names():
+                raise ConfigError(f"schedule file not found: {self.schedule} (or name a bundled "
+                                  f"FedDrift schedule: {', '.join(bundled_schedule_names())})")
 
     @property
     def effective_data_seed(self) -> int:
         return self.seed if self.data_seed < 0 else self.data_seed
 
+    @property
+    def data(self) -> DataSettings:
+        """The data settings: what the scenario is built from."""
+        return DataSettings(**{f.name: getattr(self, f.name) for f in _DATA_FIELDS})
+
     def scenario_kwargs(self) -> dict[str, Any]:
         """Arguments of ``datasets.build_scenario`` taken from this config."""
-        return dict(
-            seed=self.effective_data_seed,
-            num_clients=self.num_clients,
-            num_steps=self.num_steps,
-            samples_per_step=self.samples_per_step,
-            test_samples=self.test_samples,
-            schedule=self.schedule,
-            drift_pattern=self.drift_pattern,
-            drift_step=self.drift_step,
-            dirichlet_alpha=self.dirichlet_alpha,
-            data_dir=self.data_dir,
-            dataset=self.dataset,
-            partition=self.partition,
-            disjoint=self.disjoint,
-            classes_per_client=self.classes_per_client,
-            test_fraction=self.test_fraction,
-            num_classes=self.num_classes,
-            input_shape=self.input_shape,
-            label_column=self.label_column,
-            feature_columns=self.feature_columns,
-            partition_column=self.partition_column,
-            dataset_args=self.dataset_args,
-            remap_labels=self.remap_labels,
-            oversample=self.oversample,
-        )
+        return dict(seed=self.effective_data_seed, **dataclasses.asdict(self.data))
 
 
-_TRAIN_KEYS = {f.name for f in dataclasses.fields(TrainConfig)}
+_DATA_FIELDS = dataclasses.fields(DataSettings)
+
+
+def run_config_table() -> str:
+    """``[tool.flwr.app.config]``'s own keys, as pyproject.toml holds them: each group under
+    its docstring's first line, each key with its default, description and what it allows
+    (generated from the groups, never by hand)."""
+    lines = ["[tool.flwr.app.config]"]
+    for group in GROUPS:
+        lines.append("# " + group.__doc__.split("\n")[0].rstrip(".").lower().replace(
+            "(docs/reliability", "(docs/reliability"))
+        for key, default, allowed, doc in group.describe():
+            rule = "" if allowed in ("a string", "true or false") else f" [{allowed}]"
+            lines.append(f"{f'{key} = {toml_value(default)}':<31} # {doc}{rule}")
+    return "\n".join(lines) + "\n"
 
 
 def parse_run_config(run_config: dict[str, ConfigValue]) -> RunConfig:
@@ -259,20 +390,12 @@ def parse_run_config(run_config: dict[str, ConfigValue]) -> RunConfig:
     values = merge_overrides(default_run_config(), dict(run_config)) if _needs_defaults(
         run_config
     ) else dict(run_config)
-    kwargs: dict[str, Any] = {}
-    train: dict[str, Any] = {}
-    known = {f.name for f in dataclasses.fields(RunConfig)}
-    for key, value in values.items():
-        name = key.replace("-", "_").replace(".", "_")
-        if name in _TRAIN_KEYS:
-            train[name] = value
-        elif name in known:
-            kwargs[name] = value
-        # keys of strategies added later live in ``raw`` only
-    kwargs["train"] = TrainConfig(**train)
-    cfg = RunConfig(**kwargs, raw=values)
-    validate(cfg)
-    return cfg
+    own = {f.name: f.name.replace("_", "-") for f in dataclasses.fields(RunConfig)}
+    kwargs = {name: values[key] for name, key in own.items() if key in values}
+    train = {f.name: values[k] for f in dataclasses.fields(TrainConfig)
+             if (k := f.name.replace("_", "-")) in values}
+    # keys of strategies (and of a user's strategy) live in ``raw`` only
+    return RunConfig(**kwargs, train=TrainConfig(**train), raw=values)
 
 
 def _needs_defaults(run_config: dict[str, ConfigValue]) -> bool:
@@ -280,75 +403,7 @@ def _needs_defaults(run_config: dict[str, ConfigValue]) -> bool:
     return not set(default_run_config()).issubset(run_config)
 
 
-def validate(cfg: RunConfig) -> None:
-    """Raise ConfigError naming the first invalid key."""
-    t = cfg.train
-    checks: list[tuple[bool, str]] = [
-        (cfg.rounds_per_step >= 1, f"rounds-per-step must be >= 1, got {cfg.rounds_per_step}"),
-        (cfg.num_steps >= 0, f"num-steps must be >= 0 (0 = scenario default), got {cfg.num_steps}"),
-        (cfg.num_clients >= 0, f"num-clients must be >= 0 (0 = scenario default), got {cfg.num_clients}"),
-        (cfg.num_clients <= MAX_CLIENTS,
-         f"num-clients = {cfg.num_clients} is more than the {MAX_CLIENTS:,} clients a run can "
-         "hold (every client has its own data stream and record)"),
-        (cfg.samples_per_step >= 0, f"samples-per-step must be >= 0, got {cfg.samples_per_step}"),
-        (cfg.test_samples >= 0, f"test-samples must be >= 0, got {cfg.test_samples}"),
-        (max(cfg.samples_per_step, cfg.test_samples) <= MAX_SAMPLES,
-         f"samples-per-step and test-samples must be at most {MAX_SAMPLES:,} per client and "
-         f"step (the data of a step are generated in memory), got {cfg.samples_per_step:,} and "
-         f"{cfg.test_samples:,}"),
-        (cfg.window >= 1, f"window must be >= 1 step, got {cfg.window}"),
-        (cfg.hidden >= 0, f"hidden must be >= 0, got {cfg.hidden}"),
-        (cfg.model in ("", "mlp", "cnn") or is_import_path(cfg.model),
-         f"model must be '', 'mlp', 'cnn' or 'package.module:callable' (your own model), got "
-         f"{cfg.model!r}"),
-        (is_device_name(cfg.device), f"device must be {DEVICE_RULE}, got {cfg.device!r}"),
-        (cfg.protocol in ("scenario", "none"),
-         f"protocol must be 'scenario' or 'none', got {cfg.protocol!r}"),
-        (cfg.init in ("torch", "normal"), f"init must be 'torch' or 'normal', got {cfg.init!r}"),
-        (t.optimizer in ("adam", "sgd"), f"optimizer must be 'adam' or 'sgd', got {t.optimizer!r}"),
-        (t.optimizer_state in ("round", "step"),
-         f"optimizer-state must be 'round' or 'step', got {t.optimizer_state!r}"),
-        (_positive(t.lr), f"lr must be a positive finite number, got {t.lr}"),
-        (0.0 <= t.momentum < 1.0, f"momentum must be in [0, 1), got {t.momentum}"),
-        (_finite_nonneg(t.weight_decay), f"weight-decay must be a finite number >= 0, got "
-                                         f"{t.weight_decay}"),
-        (t.local_steps >= 0, f"local-steps must be >= 0, got {t.local_steps}"),
-        (t.local_steps > 0 or t.local_epochs >= 1,
-         f"local-epochs must be >= 1 when local-steps = 0, got {t.local_epochs}"),
-        (t.batch_size >= 1, f"batch-size must be >= 1, got {t.batch_size}"),
-        (_finite_nonneg(t.prox_mu), f"prox-mu must be a finite number >= 0, got {t.prox_mu}"),
-        (0.0 < cfg.fraction_train <= 1.0, f"fraction-train must be in (0, 1], got {cfg.fraction_train}"),
-        (0.0 < cfg.fraction_evaluate <= 1.0,
-         f"fraction-evaluate must be in (0, 1], got {cfg.fraction_evaluate}"),
-        (cfg.eval_every >= 1, f"eval-every must be >= 1, got {cfg.eval_every}"),
-        (cfg.num_clusters >= 1, f"num-clusters (K) must be >= 1, got {cfg.num_clusters}"),
-        (cfg.min_nodes >= 0, f"min-nodes must be >= 0, got {cfg.min_nodes}"),
-        (_finite_nonneg(cfg.node_wait_s),
-         f"node-wait-s must be a finite number >= 0, got {cfg.node_wait_s}"),
-        (_positive(cfg.round_timeout), f"round-timeout must be > 0, got {cfg.round_timeout}"),
-        (_finite_nonneg(cfg.update_norm_bound),
-         f"update-norm-bound must be a finite number >= 0, got {cfg.update_norm_bound}"),
-        (cfg.robust_aggregation in ROBUST_AGGREGATIONS,
-         f"robust-aggregation must be one of {', '.join(ROBUST_AGGREGATIONS)}, got "
-         f"{cfg.robust_aggregation!r}"),
-        (0.0 <= cfg.trim_fraction < 0.5, f"trim-fraction must be in [0, 0.5), got {cfg.trim_fraction}"),
-        (cfg.checkpoint_every >= 0, f"checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-    _validate_data_keys(cfg)
-    if cfg.schedule and not Path(cfg.schedule).is_file():
-        from fedcluster_app.core.data.schedules import bundled_schedule_names
-
-        if cfg.schedule not in bundled_schedule_names():
-            raise ConfigError(
-                f"schedule file not found: {cfg.schedule} (or name a bundled FedDrift "
-                f"schedule: {', '.join(bundled_schedule_names())})"
-            )
-
-
-def _validate_data_keys(cfg: RunConfig) -> None:
+def _check_data_keys(cfg: DataSettings) -> None:
     """The user-data and partition keys (their meaning: ``core/data/sources.py``,
     ``core/data/partition.py``); whether the scenario reads them is checked when it is built."""
     from fedcluster_app.core.data.partition import PARTITIONS
@@ -359,12 +414,6 @@ def _validate_data_keys(cfg: RunConfig) -> None:
     if cfg.partition not in ("", *PARTITIONS):
         raise ConfigError(f"partition must be '' (the scenario's default), "
                           f"{', '.join(repr(p) for p in PARTITIONS)}, got {cfg.partition!r}")
-    if cfg.classes_per_client < 1:
-        raise ConfigError(f"classes-per-client must be >= 1, got {cfg.classes_per_client}")
-    if not 0.0 < cfg.test_fraction < 1.0:
-        raise ConfigError(f"test-fraction must be in (0, 1), got {cfg.test_fraction}")
-    if cfg.num_classes < 0 or cfg.num_classes == 1:
-        raise ConfigError(f"num-classes must be 0 (from the data) or >= 2, got {cfg.num_classes}")
     for check, value in ((parse_dataset_spec, cfg.dataset), (input_shape_arg, cfg.input_shape),
                          (column_names, cfg.feature_columns), (dataset_args, cfg.dataset_args)):
         if str(value).strip():
@@ -373,20 +422,3 @@ def _validate_data_keys(cfg: RunConfig) -> None:
             except ValueError as exc:  # the message names the key
                 raise ConfigError(str(exc)) from None
 
-
-def _positive(x: float) -> bool:
-    return math.isfinite(x) and x > 0
-
-
-def _finite_nonneg(x: float) -> bool:
-    return math.isfinite(x) and x >= 0
-
-
-def section(raw: dict[str, ConfigValue], prefix: str) -> dict[str, ConfigValue]:
-    """The keys of one algorithm's table, e.g. ``[tool.flwr.app.config.feddrift]`` -> ``delta``.
-
-    Flower flattens nested tables to ``feddrift.delta``; strategies read their own table with
-    this and validate it in their constructor, so a bad value fails before the first round.
-    """
-    head = f"{prefix}."
-    return {k[len(head):]: v for k, v in raw.items() if k.startswith(head)}

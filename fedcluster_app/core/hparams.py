@@ -1,4 +1,7 @@
-"""Typed hyper-parameters: every strategy declares its own once, as a frozen dataclass.
+"""Typed settings: every group of run-config keys is declared once, as a frozen dataclass.
+
+The run's own settings (``config.py``: what runs, the data, the model, the one training recipe,
+the federation, defences, results) and every strategy's hyper-parameters are such classes:
 
     @dataclass(frozen=True)
     class FedDriftParams(HParams):
@@ -12,23 +15,60 @@ keywords become table entries through :meth:`HParams.key_for`) or from a message
 (:meth:`HParams.from_message`, the client side). A bad value raises :class:`ConfigError`
 naming the table, the key, the value and what is allowed; an unknown key lists the valid ones
 and suggests the closest.
-The ``[tool.flwr.app.config.<table>]`` tables of ``pyproject.toml`` are tested against these
-classes, so the two cannot drift apart.
+``[tool.flwr.app.config]`` of ``pyproject.toml`` is generated from these classes (a test
+compares), so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar, get_type_hints
 
-from fedcluster_app.core.config import (MOVED_KEYS, ConfigError, ConfigValue, moved_message,
-                                        section, suggest)
+from fedcluster_app.core.user_text import suggest
 
 T = TypeVar("T", bound="HParams")
 _TYPES = (bool, int, float, str)
+ConfigValue = bool | int | float | str
+
+
+class ConfigError(ValueError):
+    """A run-config value is invalid; the message names the key."""
+
+
+#: run-config keys that were replaced -> the key that sets the value now (declared by the
+#: classes' ``moved``)
+MOVED_KEYS: dict[str, str] = {}
+
+
+def moved_message(key: str, new: str) -> str:
+    return (f"{key} is no longer a run-config key: the shared training setting {new} sets it "
+            f"now (every strategy trains with the run's one recipe; set {new.split()[0]} instead)")
+
+
+def section(raw: Mapping[str, ConfigValue], prefix: str) -> dict[str, ConfigValue]:
+    """The keys of one algorithm's table, e.g. ``[tool.flwr.app.config.feddrift]`` -> ``delta``.
+
+    Flower flattens nested tables to ``feddrift.delta``; strategies read their own table with
+    this and validate it in their constructor, so a bad value fails before the first round.
+    """
+    head = f"{prefix}."
+    return {k[len(head):]: v for k, v in raw.items() if k.startswith(head)}
+
+
+@functools.cache
+def declared(cls: type) -> tuple[dataclasses.Field, ...]:
+    """The fields of a settings class declared with :func:`param` (others, such as the run
+    config's nested training recipe, are not run-config keys of their own)."""
+    return tuple(f for f in dataclasses.fields(cls) if "doc" in f.metadata)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
 
 
 def param(default: ConfigValue, doc: str, *, ge: float | None = None, gt: float | None = None,
@@ -54,12 +94,17 @@ def rule(meta: Mapping[str, Any], kind: type) -> str:
     hi = next(((b, meta[k]) for k, b in (("le", "]"), ("lt", ")")) if meta.get(k) is not None), None)
     what = "an integer " if kind is int else ""
     if lo and hi:
-        return f"{what}in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+        return f"{what}in {lo[0]}{_bound(lo[1])}, {_bound(hi[1])}{hi[0]}"
     if lo:
-        return f"{what}{'>=' if lo[0] == '[' else '>'} {lo[1]:g}"
+        return f"{what}{'>=' if lo[0] == '[' else '>'} {_bound(lo[1])}"
     if hi:
-        return f"{what}{'<=' if hi[0] == ']' else '<'} {hi[1]:g}"
+        return f"{what}{'<=' if hi[0] == ']' else '<'} {_bound(hi[1])}"
     return "an integer" if kind is int else "a number"
+
+
+def _bound(x: float) -> str:
+    """A bound as a reader writes it: 0.5, 1e-05, 100,000."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) >= 10_000 else f"{x:g}"
 
 
 def check_value(where: str, value: Any, kind: type, meta: Mapping[str, Any]) -> ConfigValue:
@@ -121,8 +166,8 @@ class HParams:
             MOVED_KEYS.update({f"{cls.table}.{old}": new for old, new in cls.moved.items()})
 
     def __post_init__(self) -> None:
-        hints = get_type_hints(type(self))
-        for f in dataclasses.fields(self):
+        hints = _hints(type(self))
+        for f in declared(type(self)):
             kind = hints[f.name]
             if kind not in _TYPES:
                 raise TypeError(f"{type(self).__name__}.{f.name}: hyper-parameters are bool, int, "
@@ -146,17 +191,17 @@ class HParams:
 
     @classmethod
     def keys(cls) -> list[str]:
-        return [cls.key_of(f) for f in dataclasses.fields(cls)]
+        return [cls.key_of(f) for f in declared(cls)]
 
     @classmethod
     def names(cls) -> list[str]:
         """The fields' Python names (keywords of the public API, beside the keys)."""
-        return [f.name for f in dataclasses.fields(cls)]
+        return [f.name for f in declared(cls)]
 
     @classmethod
     def key_for(cls, name: str) -> str | None:
         """The run-config key of a field named by its Python name or by its key, else None."""
-        for f in dataclasses.fields(cls):
+        for f in declared(cls):
             if name in (f.name, cls.key_of(f)):
                 return cls.key_of(f)
         return None
@@ -164,15 +209,15 @@ class HParams:
     @classmethod
     def describe(cls) -> list[tuple[str, ConfigValue, str, str]]:
         """``(key, default, allowed, description)`` of every field."""
-        hints = get_type_hints(cls)
+        hints = _hints(cls)
         return [(cls.key_of(f), f.default, rule(f.metadata, hints[f.name]), f.metadata["doc"])
-                for f in dataclasses.fields(cls)]
+                for f in declared(cls)]
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_table(cls: type[T], values: Mapping[str, ConfigValue]) -> T:
         """From a run-config table (keys with ``-``); unknown keys are a ConfigError."""
-        names = {cls.key_of(f): f.name for f in dataclasses.fields(cls)}
+        names = {cls.key_of(f): f.name for f in declared(cls)}
         for key in sorted(set(values) & set(cls.moved)):
             raise ConfigError(moved_message(f"{cls.table}.{key}", cls.moved[key]))
         unknown = sorted(set(values) - set(names))
@@ -189,7 +234,7 @@ class HParams:
 
     # -- the wire ----------------------------------------------------------------------------
     def to_table(self) -> dict[str, ConfigValue]:
-        return {self.key_of(f): getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {self.key_of(f): getattr(self, f.name) for f in declared(type(self))}
 
     def to_message(self, prefix: str) -> dict[str, ConfigValue]:
         """Every value, as config entries ``<prefix><key>`` of a message to a client."""
