@@ -200,6 +200,7 @@ class RunConfig:
     trim_fraction: float
     checkpoint_every: int
     checkpoint_client_state: bool
+    export: bool
     resume_from: str
     overwrite: bool
     plot: bool
