@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -206,7 +207,9 @@ def write_export(run: TrainedRun, out: Path) -> Path:
 def _torchscript(module: nn.Module, example: torch.Tensor, out: Path, rel: str) -> dict:
     """The module traced and saved, checked to give the module's outputs; or why not."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch 2.9+ calls TorchScript deprecated; it still loads with torch.jit.load alone
+            warnings.simplefilter("ignore", FutureWarning)
             traced = torch.jit.trace(module, example)
             probe = torch.randn((3, *example.shape[1:]), generator=torch.Generator().manual_seed(0))
             if not torch.allclose(traced(probe), module(probe), atol=1e-6):

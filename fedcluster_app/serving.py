@@ -38,7 +38,7 @@ from fedcluster_app.core import wire as P
 from fedcluster_app.core.data.preprocessing import apply as apply_preprocessing
 from fedcluster_app.core.handlers import call, losses
 from fedcluster_app.core.stream_client import StreamClient
-from fedcluster_app.core.training import predict_proba
+from fedcluster_app.core.training import as_tensor, predict_proba
 from fedcluster_app.export import TrainedRun, open_run
 
 __all__ = ["LoadedRun", "NewClient", "Route", "ROUTES", "load_run"]
@@ -181,7 +181,7 @@ def route_fedccfa(run: TrainedRun, client: NewClient) -> tuple[int, str, dict]:
     x, y = client.train_data(0)
     net = run.model(s.models[s.gid])
     with torch.no_grad():
-        z = net.features(torch.from_numpy(np.ascontiguousarray(x, np.float32)))
+        z = net.features(as_tensor(x))
     counts = np.bincount(y, minlength=run.exp.spec.num_classes)
     present = np.flatnonzero(counts > 0)
     m = int(min(p.bal_per_class, counts[present].min()))
