@@ -48,6 +48,11 @@ MANIFEST_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 #: what a checkpoint's metadata must hold to be read (older versions lacked ``config``)
 LAYOUT_KEYS = ("strategy", "scenario", "config", "round", "model_ids", "clients")
+#: the context.state records that predict (their writers: ``StreamClient.store_personal``, the
+#: FedCCFA family's client; ``tests/test_export.py`` checks the names agree)
+PERSONAL_MODEL = "personal-model"
+PERSONAL_CLASSIFIER = "personal-classifier"
+CLASSIFIER = ("classifier.weight", "classifier.bias")
 #: packages whose versions the manifest records
 PACKAGES = ("fedcluster", "flwr", "torch", "numpy", "safetensors")
 
@@ -67,8 +72,9 @@ class TrainedRun:
         return self.strategy.exp
 
     def cluster_ids(self) -> list[int]:
-        """The models that are clusters (not a probe, not FlexCFL's w0)."""
-        return list(self.strategy.cluster_models())
+        """The models that are clusters (not a probe, not FlexCFL's w0) and the server holds
+        (``local``'s clusters are its clients' personal models, on the clients)."""
+        return [m for m in self.strategy.cluster_models() if m in self.strategy.models]
 
     def assignments(self) -> dict[int, int | None]:
         """Each client's cluster (model id) at the end, as metrics.jsonl's ``assignments``."""
@@ -101,26 +107,23 @@ class TrainedRun:
         return RecordDict({k[len(P.STATE_PREFIX):]: v for k, v in saved.items()})
 
     def personal_parts(self, cid: int) -> dict[str, dict[str, np.ndarray]]:
-        """The models a strategy keeps on client ``cid`` and the checkpoint holds, by record
-        name: a whole model (named as the model's ``state_dict``) or a classifier head
-        (``classifier.weight``, ``classifier.bias``). Optimizer states and other records
-        (anchors, counters) are left out: they do not predict."""
+        """What a strategy keeps on client ``cid`` and the checkpoint holds, by record name:
+        a whole personal model (named as the model's ``state_dict``), a personal classifier
+        head (``classifier.weight``, ``classifier.bias``), any other arrays (FedCCFA's
+        anchors) by position (``"0"``, ``"1"``, ...). Optimizer states are left out."""
         state = self.client_state(cid)
         if state is None:
             return {}
-        whole = build_model(self.exp.spec, 0).state_dict()
-        head = {f"classifier.{k}": v for k, v in getattr(build_model(self.exp.spec, 0),
-                                                           "classifier", nn.Identity()
-                                                           ).state_dict().items()}
+        whole = list(build_model(self.exp.spec, 0).state_dict())
         out = {}
         for name, record in state.array_records.items():
             if name.startswith(P.OPTIMIZER_PREFIX):
                 continue
             arrays = P.unpack_arrays(record)
-            for names in (whole, head):
-                if [tuple(a.shape) for a in arrays] == [tuple(t.shape) for t in names.values()]:
-                    out[name] = dict(zip(names, arrays))
-                    break
+            names = (whole if name == PERSONAL_MODEL and len(arrays) == len(whole) else
+                     list(CLASSIFIER) if name.endswith(PERSONAL_CLASSIFIER) and len(arrays) == 2
+                     else [str(i) for i in range(len(arrays))])
+            out[name] = dict(zip(names, arrays))
         return out
 
 

@@ -37,6 +37,7 @@ from torch import nn
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.data.preprocessing import apply as apply_preprocessing
 from fedcluster_app.core.handlers import call, losses
+from fedcluster_app.core.models import build_model
 from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.core.training import as_tensor, predict_proba
 from fedcluster_app.export import TrainedRun, open_run
@@ -313,13 +314,12 @@ class LoadedRun:
         if not (whole or head):
             return None
         parts = self.run.personal_parts(cid)
-        global_weights = s.models[s.gid] if head else s.models[min(s.models)]
-        names = list(self.run.model(global_weights).state_dict())
+        names = list(build_model(self.run.exp.spec, 0).state_dict())
         for tensors in parts.values():
             if whole and list(tensors) == names:
                 return self.run.model(list(tensors.values()))
             if head and set(tensors) == {"classifier.weight", "classifier.bias"}:
-                merged = {**dict(zip(names, global_weights)), **tensors}
+                merged = {**dict(zip(names, s.models[s.gid])), **tensors}
                 return self.run.model([merged[k] for k in names])
         raise ValueError(f"{s.name} predicts with each client's own "
                          f"{'model' if whole else 'classifier'}, kept on the client, and "

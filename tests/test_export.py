@@ -205,3 +205,44 @@ def test_a_tables_standardisation_is_saved_and_applied_to_raw_inputs(tmp_path, f
     model_inputs = (raw.astype(np.float32) - np.float32(rule["mean"])) / np.float32(rule["std"])
     assert (run.predict(raw, client_id=0) ==
             run.predict(model_inputs, client_id=0, raw=False)).all()
+
+
+@pytest.mark.parametrize("strategy", ["local", "fedccfa"])
+def test_personal_parts_are_exported_and_predict_where_the_checkpoint_holds_them(
+        strategy, fast_config, tmp_path):
+    from fedcluster_app.core.models import build_model
+    from fedcluster_app.core.training import predict_proba
+    from fedcluster_app.families.fedccfa.client import STATE_CLASSIFIER
+
+    run_inprocess(fast_config(strategy=strategy, out_dir=str(tmp_path / "run"), num_steps=2))
+    manifest = json.loads(export_run(tmp_path / "run", tmp_path / "exp").read_text())
+    record = "personal-model" if strategy == "local" else STATE_CLASSIFIER
+    assert sorted(manifest["personal"]) == [str(c) for c in range(10)]
+    assert all(record in parts for parts in manifest["personal"].values())
+    run = load_run(tmp_path / "run")
+    data = run.run.exp.scenario.step_data(4, 2)
+    from safetensors.torch import load_file
+
+    own = load_file(tmp_path / "exp" / manifest["personal"]["4"][record])   # sorted by name
+    state = dict(run.models[0].state_dict()) if strategy == "fedccfa" else {}
+    if strategy == "fedccfa":   # the global model with client 4's classifier
+        assert set(own) == {"classifier.weight", "classifier.bias"}
+    state.update(own)
+    names = build_model(run.run.exp.spec, 0).state_dict()
+    net = run.run.model([state[k].numpy() for k in names])
+    with torch.no_grad():
+        expected = predict_proba([net], [1.0], data.x_test).numpy().argmax(1)
+    assert (run.predict(data.x_test, client_id=4) == expected).all()
+    # without the clients' state the checkpoint cannot say what a client predicts with
+    run_inprocess(fast_config(strategy=strategy, out_dir=str(tmp_path / "bare"), num_steps=2,
+                              checkpoint_client_state=False))
+    with pytest.raises(ValueError, match="does not hold client 4's .*checkpoint-client-state"):
+        load_run(tmp_path / "bare").predict(data.x_test, client_id=4)
+
+
+def test_the_personal_record_names_are_the_clients_own():
+    from fedcluster_app.core.stream_client import PERSONAL_KEY
+    from fedcluster_app.export import PERSONAL_CLASSIFIER, PERSONAL_MODEL
+    from fedcluster_app.families.fedccfa.client import STATE_CLASSIFIER
+
+    assert PERSONAL_MODEL == PERSONAL_KEY and STATE_CLASSIFIER.endswith(PERSONAL_CLASSIFIER)
