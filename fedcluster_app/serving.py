@@ -261,10 +261,10 @@ class LoadedRun:
         y = np.asarray(y)
         if y.shape != (n,):
             raise ValueError(f"labels of shape {y.shape} for {n} inputs; expected ({n},)")
-        if not np.issubdtype(y.dtype, np.integer):
-            if y.size and not np.all(np.mod(y, 1) == 0):
-                raise ValueError(f"labels must be class indices 0..{len(self.classes) - 1}, "
-                                 f"got values such as {y.flat[0]!r}")
+        if y.dtype.kind not in "iuf" or (y.dtype.kind == "f" and y.size
+                                           and not np.all(np.mod(y, 1) == 0)):
+            raise ValueError(f"labels must be this run's class indices 0.."
+                             f"{len(self.classes) - 1}, got values such as {y.flat[0]!r}")
         y = y.astype(np.int64)
         bad = sorted(set(y.tolist()) - set(self.classes))
         if bad:

@@ -149,6 +149,9 @@ def test_bad_inputs_are_clear_errors_naming_the_file(ifca_run, tmp_path):
         run.route(np.zeros((5, 3)), np.zeros(5, int))
     with pytest.raises(ValueError, match=r"labels \[4, 9\] are outside this run's classes 0..3"):
         run.route(x, np.array([0, 1, 4, 9, 2]))
+    with pytest.raises(ValueError, match=r"labels must be this run's class indices 0..3, got "
+                                         r"values such as 'setosa'"):
+        run.route(x, np.array(["setosa"] * 5))
     with pytest.raises(ValueError, match=r"labels of shape \(4,\) for 5 inputs"):
         run.route(x, np.zeros(4, int))
     with pytest.raises(ValueError, match=r"client 12 is not in this run: its clients are 0..9"):
@@ -178,6 +181,9 @@ def test_the_command_line_exports_and_predicts(ifca_run, tmp_path, capsys):
                 "--out", str(tmp_path / "p.jsonl")]) == 2
     assert "has no labels, and routing a new client needs labelled samples" in \
         capsys.readouterr().err
+    assert cli(["predict", str(ifca_run), "--data", f"npz:{tmp_path / 'x.npz'}",
+                "--client-id", "5", "--out", str(tmp_path / "p.txt")]) == 2
+    assert "expected a .csv or .jsonl file name" in capsys.readouterr().err
     assert cli(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "e")]) == 2
     assert "no checkpoint at" in capsys.readouterr().err
 
