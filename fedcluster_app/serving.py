@@ -264,7 +264,7 @@ class LoadedRun:
         if y.dtype.kind not in "iuf" or (y.dtype.kind == "f" and y.size
                                            and not np.all(np.mod(y, 1) == 0)):
             raise ValueError(f"labels must be this run's class indices 0.."
-                             f"{len(self.classes) - 1}, got values such as {y.flat[0]!r}")
+                             f"{len(self.classes) - 1}, got values such as {y.flat[0].item()!r}")
         y = y.astype(np.int64)
         bad = sorted(set(y.tolist()) - set(self.classes))
         if bad:
