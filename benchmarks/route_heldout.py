@@ -7,7 +7,8 @@ then every withheld client is routed by the strategy's own newcomer rule (``load
 the cluster most of that concept's trained clients are in at the end; a route is right when it
 picks the cluster of the withheld client's concept (FedCCFA: the personal classifier of a
 client of that concept), and only counts where the run gave each concept a cluster of its own
-(``separated``; a run that did not makes every route wrong). Rows: family, strategy, scenario, seed, separated, routes, right, accuracy.
+(``separated``; a run that did not makes every route wrong). Rows: family, strategy, scenario,
+seed, separated, routes, right, accuracy.
 
     python benchmarks/route_heldout.py                          # 6 families x 3 seeds (~1 min)
     python benchmarks/route_heldout.py --seeds 0 1 2 --jsonl docs/route_heldout.jsonl
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         ari = "n/a" if r["ari_final"] is None else f"{r['ari_final']:.3f}"
         print(f"{r['family']:10} {r['strategy']:10} {r['scenario']:14} {r['seed']:4}  "
-              f"{'n/a' if r['separated'] is None else str(r['separated']):9}  {r['right']}/{r['routes']:<10}  {ari}")
+              f"{'n/a' if r['separated'] is None else str(r['separated']):9}  "
+              f"{r['right']}/{r['routes']:<10}  {ari}")
     for fam in args.families:
         mine = [r for r in rows if r["family"] == fam]
         print(f"{fam}: {sum(r['right'] for r in mine)}/{sum(r['routes'] for r in mine)} routes "

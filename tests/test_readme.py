@@ -158,9 +158,9 @@ def test_the_export_and_serve_block(fresh_clone):
     """A run exported at its end, served by `load_run` (examples/serve.py), predictions for a
     routed new client and for a client of the run, an export from the checkpoint: every file
     the block names, all under runs/."""
-    assert [c.split()[:2] for c in EXPORT] == [["fedcluster", "run"], ["python", "examples/serve.py"],
-                                               ["fedcluster", "predict"], ["fedcluster", "predict"],
-                                               ["fedcluster", "export"]]
+    assert [c.split()[:2] for c in EXPORT] == [
+        ["fedcluster", "run"], ["python", "examples/serve.py"], ["fedcluster", "predict"],
+        ["fedcluster", "predict"], ["fedcluster", "export"]]
     logs = []
     for command in EXPORT:
         proc = fresh_clone.sh(command)
