@@ -496,7 +496,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     import json
 
-    import numpy as np
     import torch
 
     from fedcluster_app.core.data.sources import read_raw
@@ -507,7 +506,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out}: expected a .csv or .jsonl file name")
     run = load_run(args.run_dir)
     cfg = run.run.exp.cfg
-    read = ReadOptions(cfg.label_column, column_names(cfg.feature_columns))
+    # the run's columns: its label, its features, and its partition column left out
+    read = ReadOptions(cfg.label_column, column_names(cfg.feature_columns), cfg.partition_column)
     x, y = read_raw(args.data, read, cfg.effective_data_seed)
     if args.client_id is not None:
         probs = run.predict_proba(x, client_id=args.client_id)
@@ -523,20 +523,28 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"routed to cluster {route.model_id} ({route.rule}): "
               f"{json.dumps(route.evidence)}")
     pred = probs.argmax(1)
+    names = run.class_names     # a prediction as the data's own label too (remap-labels)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as fh:
         if args.out.suffix == ".csv":
-            fh.write("row,prediction" + (",label" if y is not None else "") + "\n")
+            fh.write("row,prediction" + (",class" if names else "")
+                     + (",label" if y is not None else "") + "\n")
             for i, p in enumerate(pred):
-                fh.write(f"{i},{p}" + (f",{y[i]}" if y is not None else "") + "\n")
+                fh.write(f"{i},{p}" + (f",{names[p]}" if names else "")
+                         + (f",{y[i]}" if y is not None else "") + "\n")
         else:
             for i, p in enumerate(pred):
                 row = {"row": i, "prediction": int(p), "probabilities": probs[i].round(6).tolist()}
+                if names:
+                    row["class"] = names[p]
                 if y is not None:
                     row["label"] = y[i].item() if hasattr(y[i], "item") else y[i]
                 fh.write(json.dumps(row) + "\n")
-    if y is not None and np.issubdtype(np.asarray(y).dtype, np.integer):
-        print(f"accuracy on the given labels: {float((pred == y).mean()):.4f}")
+    if y is not None:
+        try:
+            print(f"accuracy on the given labels: {float((pred == run.labels(y)).mean()):.4f}")
+        except ValueError as ex:      # labels that are not the run's: predictions only
+            print(f"no accuracy: {ex}")
     print(f"{len(pred)} predictions -> {args.out}")
     return 0
 

@@ -244,6 +244,7 @@ def manifest_of(run: TrainedRun, models: dict, personal: dict) -> dict[str, Any]
                   "num_classes": spec.num_classes, "hidden": spec.hidden, "init": spec.init,
                   "output": "logits, one per class (argmax = the predicted class)"},
         "classes": list(range(spec.num_classes)),
+        "class_names": list(scenario.class_names) or None,
         "preprocessing": scenario.preprocessing,
         "models": {m: {**entry, "members": run.members().get(int(m), [])}
                    for m, entry in models.items()},

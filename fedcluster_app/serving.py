@@ -232,6 +232,8 @@ class LoadedRun:
         self.strategy_name = run.strategy.name
         self.input_shape = tuple(run.exp.spec.input_shape)
         self.classes = list(range(run.exp.spec.num_classes))
+        #: class i's label as the run's data wrote it (remap-labels), else None
+        self.class_names = list(run.exp.scenario.class_names) or None
         self.preprocessing = run.exp.scenario.preprocessing
         self.models: dict[int, nn.Module] = {m: run.model(run.strategy.models[m])
                                              for m in run.cluster_ids()}
@@ -257,10 +259,21 @@ class LoadedRun:
                              f"machine); pass inputs as the model sees them with raw=False")
         return apply_preprocessing(self.preprocessing, x)
 
-    def _labels(self, y, n: int) -> np.ndarray:
+    def labels(self, y, n: int | None = None) -> np.ndarray:
+        """``y`` as class indices: labels as the run's data wrote them where remap-labels
+        numbered them (the manifest's ``class_names``), else the indices themselves."""
         y = np.asarray(y)
+        n = len(y) if n is None else n
         if y.shape != (n,):
             raise ValueError(f"labels of shape {y.shape} for {n} inputs; expected ({n},)")
+        if self.class_names:     # remap-labels numbered the data's labels: y holds such labels
+            index = {v: i for i, v in enumerate(self.class_names)}
+            values = y.tolist()
+            unknown = sorted({repr(v) for v in values if v not in index})
+            if unknown:
+                raise ValueError(f"labels {', '.join(unknown[:5])} are not among this run's "
+                                 f"classes {self.class_names} (as its data wrote them)")
+            return np.array([index[v] for v in values], dtype=np.int64)
         if y.dtype.kind not in "iuf" or (y.dtype.kind == "f" and y.size
                                            and not np.all(np.mod(y, 1) == 0)):
             raise ValueError(f"labels must be this run's class indices 0.."
@@ -333,7 +346,7 @@ class LoadedRun:
         xm = self.prepare(x, raw)
         if len(xm) == 0:
             raise ValueError("route needs at least one labelled sample")
-        ym = self._labels(y, len(xm))
+        ym = self.labels(y, len(xm))
         client = NewClient(self.run, xm, ym)
         rule = next((fn for cls, fn in ROUTES() if isinstance(self.run.strategy, cls)),
                     route_lowest_loss)

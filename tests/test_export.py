@@ -252,3 +252,33 @@ def test_the_personal_record_names_are_the_clients_own():
     from fedcluster_app.families.fedccfa.client import STATE_CLASSIFIER
 
     assert PERSONAL_MODEL == PERSONAL_KEY and STATE_CLASSIFIER.endswith(PERSONAL_CLASSIFIER)
+
+
+def test_a_tables_class_names_are_saved_and_read_back(tmp_path, capsys):
+    """The README's table of users (class names numbered in sorted order): the manifest names
+    the classes, and raw rows of the file predict and route with their own labels."""
+    from conftest import ROOT
+
+    table = ROOT / "examples" / "data" / "iris_users.csv"
+    run_inprocess({"strategy": "fedavg", "scenario": "dataset-static", "dataset": f"csv:{table}",
+                   "label-column": "species", "partition-column": "user",
+                   "remap-labels": True, "rounds-per-step": 2, "num-steps": 2,
+                   "progress": False, "plot": False, "out-dir": str(tmp_path / "run")})
+    manifest = json.loads(export_run(tmp_path / "run", tmp_path / "exp").read_text())
+    assert manifest["class_names"] == ["setosa", "versicolor", "virginica"]
+    assert manifest["preprocessing"]["kind"] == "standardise"
+    assert len(manifest["preprocessing"]["mean"]) == 4            # not the user column
+    run = load_run(tmp_path / "run")
+    assert run.labels(np.array(["virginica", "setosa"])).tolist() == [2, 0]
+    with pytest.raises(ValueError, match=r"labels 'rose' are not among this run's classes"):
+        run.labels(np.array(["rose", "setosa"]))
+    assert cli(["predict", str(tmp_path / "run"), "--data", f"csv:{table}", "--client-id", "0",
+                "--out", str(tmp_path / "p.csv")]) == 0
+    accuracy = float(capsys.readouterr().out.split("accuracy on the given labels: ")[1].split()[0])
+    assert accuracy > 0.5
+    rows = (tmp_path / "p.csv").read_text().splitlines()
+    assert rows[0] == "row,prediction,class,label"
+    assert rows[1].split(",")[3] == "setosa" and rows[1].split(",")[2] in manifest["class_names"]
+    assert cli(["predict", str(tmp_path / "run"), "--data", f"csv:{table}",
+                "--out", str(tmp_path / "r.csv")]) == 0
+    assert "routed to cluster 0 (lowest loss)" in capsys.readouterr().out

@@ -451,7 +451,8 @@ class Scenario:
                  dirichlet_alpha: float, concept_labels: list[str], params: tuple,
                  holdout_clients: tuple[int, ...] = (), large_files: bool = False,
                  notes: tuple[str, ...] = (),
-                 preprocessing: dict | None = NO_PREPROCESSING) -> None:
+                 preprocessing: dict | None = NO_PREPROCESSING,
+                 class_names: tuple = ()) -> None:
         self.name = name
         self.description = description
         self._matrix = np.asarray(matrix, dtype=np.int64).copy()
@@ -482,6 +483,8 @@ class Scenario:
         #: how a raw input becomes a model input (``preprocessing.py``); None: unknown here
         #: (the server of a deployment cannot read the data that a user's table standardises)
         self.preprocessing = preprocessing
+        #: class i's label as a user's data wrote it, where remap-labels numbered them (else ())
+        self.class_names = tuple(class_names)
         self._realisation: object | None = None
         self._lock = threading.Lock()
         self._cache = _BoundedCache(_nbytes)            # (client, step) -> StepData
@@ -957,4 +960,5 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
         concept_labels=list(labels), params=params, large_files=d.needs_data_dir,
         notes=(info.data.label_note,) if info is not None and info.data is not None
         and info.data.label_note else (), preprocessing=preprocessing,
+        class_names=info.data.class_names if info is not None and info.data is not None else (),
     )

@@ -127,6 +127,9 @@ class UserData:
     #: standardised both splits (``(raw - mean) / std``); None for images
     feature_mean: np.ndarray | None = None
     feature_std: np.ndarray | None = None
+    #: after ``remap-labels``: class ``i``'s label as the data wrote it (``()``: the labels
+    #: were the class numbers)
+    class_names: tuple = ()
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -253,7 +256,8 @@ def _load_cached(kind: str, ref: str, read_seed: int, seed: int, test_fraction: 
         if x_te.shape[1:] != x.shape[1:]:
             raise ValueError(f"{where}: test inputs have shape {x_te.shape[1:]} but train inputs "
                              f"{x.shape[1:]}; expected the same shape")
-    codes, c, note = class_codes(parts, where, read.remap_labels, num_classes, raw.num_classes)
+    codes, c, note, class_names = class_codes(parts, where, read.remap_labels, num_classes,
+                                              raw.num_classes)
     y = codes[0]
     g = g_te = None
     names: tuple[str, ...] = ()
@@ -299,7 +303,7 @@ def _load_cached(kind: str, ref: str, read_seed: int, seed: int, test_fraction: 
     return UserData(f"{kind}:{ref}" if kind != "module" else ref, *arrays, num_classes=int(c),
                     image=image, max_value=max_value, groups_train=groups[0],
                     groups_test=groups[1], group_names=names, label_note=note,
-                    feature_mean=mean, feature_std=std)
+                    feature_mean=mean, feature_std=std, class_names=class_names)
 
 
 def _stratified(y: np.ndarray, test_fraction: float, rng: np.random.Generator):
