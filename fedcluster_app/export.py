@@ -211,8 +211,10 @@ def _torchscript(module: nn.Module, example: torch.Tensor, out: Path, rel: str) 
     """The module traced and saved, checked to give the module's outputs; or why not."""
     try:
         with torch.no_grad(), warnings.catch_warnings():
-            # torch 2.9+ calls TorchScript deprecated; it still loads with torch.jit.load alone
+            # torch 2.9+ calls TorchScript deprecated; it still loads with torch.jit.load alone.
+            # A tracer warning is checked below: the traced module must give the same outputs
             warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
             traced = torch.jit.trace(module, example)
             probe = torch.randn((3, *example.shape[1:]), generator=torch.Generator().manual_seed(0))
             if not torch.allclose(traced(probe), module(probe), atol=1e-6):

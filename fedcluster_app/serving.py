@@ -10,7 +10,8 @@ the run, and the cluster of a client that was never in it.
   with in the run (its cluster's; its mixture under soft clustering; its personal model or
   classifier where the strategy keeps one and the checkpoint holds it);
 * ``route(x, y)``: the cluster for a new client, chosen from a few labelled samples by the
-  strategy's own rule for a newcomer (:data:`ROUTES`), with the evidence it was chosen on.
+  strategy's own rule for a newcomer (:func:`family_routes`), with the evidence it was
+  chosen on.
 
 Inputs are raw, as the run's data source holds them (pixel values, a table's features): the
 run's preprocessing (``core/data/preprocessing.py``) is applied first; ``raw=False`` takes
@@ -42,7 +43,7 @@ from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.core.training import as_tensor, predict_proba
 from fedcluster_app.export import TrainedRun, open_run
 
-__all__ = ["LoadedRun", "NewClient", "Route", "ROUTES", "load_run"]
+__all__ = ["LoadedRun", "NewClient", "Route", "family_routes", "load_run"]
 
 
 class NewClient(StreamClient):
@@ -209,7 +210,9 @@ def _classifier(run: TrainedRun, cid: int) -> tuple[np.ndarray, np.ndarray] | No
     return None
 
 
-def _routes() -> list[tuple[type, Callable]]:
+def family_routes() -> list[tuple[type, Callable]]:
+    """A family's newcomer rule by strategy class (subclasses included); every other strategy
+    (IFCA, FedDrift, CFL, ...) routes by the lowest loss. Imported when a run is routed."""
     from fedcluster_app.families.fedccfa.fedccfa import FedCCFA
     from fedcluster_app.families.fedrc.fedrc import FedRC
     from fedcluster_app.families.fielding.fielding import Fielding
@@ -218,10 +221,6 @@ def _routes() -> list[tuple[type, Callable]]:
     return [(FedRC, route_fedrc), (Fielding, route_fielding), (FlexCFL, route_flexcfl),
             (FedCCFA, route_fedccfa)]
 
-
-#: a family's newcomer rule by strategy class (subclasses included); every other strategy
-#: (IFCA, FedDrift, CFL, ...) routes by the lowest loss
-ROUTES: Callable[[], list[tuple[type, Callable]]] = _routes
 
 
 class LoadedRun:
@@ -342,13 +341,13 @@ class LoadedRun:
     # -- new clients
     def route(self, x, y, raw: bool = True) -> Route:
         """The cluster for a client that was not in the run, from labelled samples ``(x, y)``,
-        by the strategy's newcomer rule (:data:`ROUTES`; the lowest loss for the others)."""
+        by the strategy's newcomer rule (:func:`family_routes`; the lowest loss for the others)."""
         xm = self.prepare(x, raw)
         if len(xm) == 0:
             raise ValueError("route needs at least one labelled sample")
         ym = self.labels(y, len(xm))
         client = NewClient(self.run, xm, ym)
-        rule = next((fn for cls, fn in ROUTES() if isinstance(self.run.strategy, cls)),
+        rule = next((fn for cls, fn in family_routes() if isinstance(self.run.strategy, cls)),
                     route_lowest_loss)
         mid, name, evidence = rule(self.run, client)
         if "classifier_of_client" in evidence:    # FedCCFA: that client's personal model

@@ -282,3 +282,21 @@ def test_a_tables_class_names_are_saved_and_read_back(tmp_path, capsys):
     assert cli(["predict", str(tmp_path / "run"), "--data", f"csv:{table}",
                 "--out", str(tmp_path / "r.csv")]) == 0
     assert "routed to cluster 0 (lowest loss)" in capsys.readouterr().out
+
+
+def test_a_model_that_does_not_trace_is_exported_without_torchscript_and_says_why(tmp_path):
+    from fedcluster_app.export import _torchscript
+
+    class Branchy(torch.nn.Module):          # the branch taken depends on the data
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.a(x) if float(x.sum()) > 0 else self.b(x)
+
+    entry = _torchscript(Branchy().eval(), torch.ones((1, 4)), tmp_path, "m.pt")
+    assert entry["torchscript"] is None and "outputs differ" in entry["torchscript_skipped"]
+    assert not (tmp_path / "m.pt").exists()
+    entry = _torchscript(torch.nn.Linear(4, 2).eval(), torch.ones((1, 4)), tmp_path, "m.pt")
+    assert entry == {"torchscript": "m.pt"} and (tmp_path / "m.pt").is_file()
