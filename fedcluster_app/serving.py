@@ -341,7 +341,7 @@ class LoadedRun:
     # -- new clients
     def route(self, x, y, raw: bool = True) -> Route:
         """The cluster for a client that was not in the run, from labelled samples ``(x, y)``,
-        by the strategy's newcomer rule (:func:`family_routes`; the lowest loss for the others)."""
+        by the strategy's newcomer rule (:func:`family_routes`; else the lowest loss)."""
         xm = self.prepare(x, raw)
         if len(xm) == 0:
             raise ValueError("route needs at least one labelled sample")
@@ -353,7 +353,8 @@ class LoadedRun:
         if "classifier_of_client" in evidence:    # FedCCFA: that client's personal model
             model = self._personal(int(evidence["classifier_of_client"]))
         else:
-            model = self.models.get(mid) or self.run.model(self.run.strategy.models[mid])
+            model = (self.models[mid] if mid in self.models
+                     else self.run.model(self.run.strategy.models[mid]))
         return Route(int(mid), model, name, evidence)
 
 
