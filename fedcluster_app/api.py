@@ -20,6 +20,10 @@ Your own strategy subclasses :class:`ClusteredStrategy` (hooks such as ``plan_tr
 dataclass of :func:`param` fields under ``HParams`` with a ``table``), and runs by import path:
 ``strategy = "package.module:Class"``, its keys set as ``--set <table>.<key>=...``.
 
+A finished run is served by ``load_run(RUN_DIR)`` (``serving.py``): its cluster models as
+``torch.nn.Module``s, its final assignments, ``predict(x, client_id=...)`` and ``route(x, y)``
+for a client that was not in the run.
+
 The strategy classes are importable from here by their class names (``FedAvg``, ``IFCA``,
 ``FedDrift``, ``Fielding``, ``FlexCFL``, ``FedRC``, ``FedCCFA``, ...); ``STRATEGIES`` maps
 run-config names to them. Clients must run fedcluster's ClientApp (``fedcluster_app.client_app``),
@@ -56,7 +60,8 @@ __all__ = ["ClusteredResult", "ClusteredStrategy", "ConfigError", "HParams", "ST
            "default_run_config",
            "hyperparameter_tables", "hyperparameter_users",
            "list_scenarios",
-           "list_strategies", "load_strategy", "make_strategy", "param", "run_config_defaults",
+           "list_strategies", "load_run", "load_strategy", "make_strategy", "param",
+           "run_config_defaults",
            "scenario_names", "strategy_class", "Task", "weighted_average",
            *sorted(cls.__name__ for cls in _CLASSES)]
 
@@ -151,3 +156,13 @@ def make_strategy(name: str, *, run_config: Mapping[str, ConfigValue] | None = N
     check_tables_read(name, [key.replace("_", "-") for key in kwargs])
     merged = merge_overrides(base, config)
     return build_strategy(load_experiment(merged, server=True))
+
+
+def __getattr__(name: str) -> Any:
+    # load_run lives in serving.py, which runs client code (a family's newcomer rule) in this
+    # process: imported when asked for, so that a ServerApp importing this module loads none
+    if name == "load_run":
+        import importlib
+
+        return importlib.import_module("fedcluster_app.serving").load_run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The ``fedcluster`` command line: run, list, report."""
+"""The ``fedcluster`` command line: run, list, report, export, predict."""
 
 from __future__ import annotations
 
@@ -144,6 +144,30 @@ def _parser() -> argparse.ArgumentParser:
                      "(default: fedavg or fedprox runs of the same scenario and seed)")
     rep.add_argument("--target", type=float, help="target accuracy (default: the highest "
                      "accuracy every compared run of the scenario and seed holds to its end)")
+    exp = sub.add_parser("export", help="write a run's cluster models (safetensors state_dicts, "
+                         "TorchScript) and a manifest that load without fedcluster "
+                         "(docs/export.md)")
+    exp.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                     help="a run directory with its checkpoint.npz (or the checkpoint file)")
+    exp.add_argument("--out", type=Path, required=True, help="where the export goes")
+    exp.add_argument("--overwrite", action="store_true",
+                     help="replace an export already in --out (refused otherwise)")
+
+    pre = sub.add_parser("predict", help="predict with a run's models: for a client of the run "
+                         "(--client-id), or for a new client routed to its cluster by the "
+                         "strategy's rule from the labelled samples of --data")
+    pre.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    pre.add_argument("--data", required=True, metavar="SPEC",
+                     help="inputs as the run-config key dataset names them (npz:PATH with x "
+                          "and optionally y, csv:PATH, parquet:PATH, imagefolder:PATH, ...), "
+                          "raw: the run's preprocessing is applied; a table's columns are "
+                          "read with the run's label-column and feature-columns")
+    pre.add_argument("--client-id", type=int,
+                     help="a client of the run: predict with its model (default: route the "
+                          "data, whose labels must be the run's class indices)")
+    pre.add_argument("--out", type=Path, required=True,
+                     help="predictions: .csv (row, prediction[, label]) or .jsonl (also the "
+                          "class probabilities)")
     bench_command.add_parser(sub)
     return p
 
@@ -452,6 +476,79 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    import json
+
+    from fedcluster_app.export import export_run
+
+    path = export_run(args.run_dir, args.out, overwrite=args.overwrite)
+    manifest = json.loads(path.read_text())
+    skipped = {m: e["torchscript_skipped"] for m, e in manifest["models"].items()
+               if e.get("torchscript_skipped")}
+    print(f"{manifest['strategy']}: {len(manifest['models'])} cluster models "
+          f"({', '.join(manifest['models'])}), {len(manifest['personal'])} clients' personal "
+          f"parts -> {path.parent} (manifest {path.name})")
+    for mid, why in skipped.items():
+        print(f"model {mid}: no TorchScript: {why}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from fedcluster_app.core.data.sources import read_raw
+    from fedcluster_app.core.data.tables import ReadOptions, column_names
+    from fedcluster_app.serving import load_run
+
+    if args.out.suffix not in (".csv", ".jsonl"):
+        raise ValueError(f"--out {args.out}: expected a .csv or .jsonl file name")
+    run = load_run(args.run_dir)
+    cfg = run.run.exp.cfg
+    # the run's columns: its label, its features, and its partition column left out
+    read = ReadOptions(cfg.label_column, column_names(cfg.feature_columns), cfg.partition_column)
+    x, y = read_raw(args.data, read, cfg.effective_data_seed)
+    if args.client_id is not None:
+        probs = run.predict_proba(x, client_id=args.client_id)
+        print(f"client {args.client_id}: cluster {run.assignments.get(args.client_id)}")
+    else:
+        if y is None:
+            raise ValueError(f"--data {args.data}: has no labels, and routing a new client "
+                             f"needs labelled samples; give --client-id to predict for a "
+                             f"client of the run")
+        route = run.route(x, y)
+        with torch.no_grad():
+            probs = torch.softmax(route.model(torch.from_numpy(run.prepare(x))), 1).numpy()
+        print(f"routed to cluster {route.model_id} ({route.rule}): "
+              f"{json.dumps(route.evidence)}")
+    pred = probs.argmax(1)
+    names = run.class_names     # a prediction as the data's own label too (remap-labels)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as fh:
+        if args.out.suffix == ".csv":
+            fh.write("row,prediction" + (",class" if names else "")
+                     + (",label" if y is not None else "") + "\n")
+            for i, p in enumerate(pred):
+                fh.write(f"{i},{p}" + (f",{names[p]}" if names else "")
+                         + (f",{y[i]}" if y is not None else "") + "\n")
+        else:
+            for i, p in enumerate(pred):
+                row = {"row": i, "prediction": int(p), "probabilities": probs[i].round(6).tolist()}
+                if names:
+                    row["class"] = names[p]
+                if y is not None:
+                    row["label"] = y[i].item() if hasattr(y[i], "item") else y[i]
+                fh.write(json.dumps(row) + "\n")
+    if y is not None:
+        try:
+            print(f"accuracy on the given labels: {float((pred == run.labels(y)).mean()):.4f}")
+        except ValueError as ex:      # labels that are not the run's: predictions only
+            print(f"no accuracy: {ex}")
+    print(f"{len(pred)} predictions -> {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.getLogger("flwr").setLevel(logging.INFO)
@@ -462,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report,
                     "deploy": cmd_deploy, "certs": cmd_certs, "keys": cmd_keys,
+                    "export": cmd_export, "predict": cmd_predict,
                     "bench": lambda a: bench_command.run(a, argv if argv is not None
                                                          else sys.argv[1:])}
         return commands[args.command](args)

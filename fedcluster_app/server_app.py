@@ -64,7 +64,14 @@ def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
     strategy, finished = prepare(run_config)
     if finished is not None:
         return finished
-    return strategy.run(grid)   # results in the run config's out-dir
+    summary = strategy.run(grid)   # results in the run config's out-dir
+    if strategy.cfg.export and summary.get("status") != "failed":
+        from fedcluster_app.export import export_run
+
+        out = Path(summary["out_dir"])
+        path = export_run(out, out / "export", overwrite=True)   # this run's own export
+        log(INFO, "exported the cluster models: %s", path)
+    return summary
 
 
 @app.main()

@@ -120,3 +120,15 @@ def test_gpu_check_ray_section_runs_on_the_cpu(tmp_path):
     (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
     assert row["profile"] == "cpu" and row["status"] == "ok", row
     assert len(row["round_s"]) == 4 and row["gpu_pids"] == 0
+
+
+def test_route_heldout_script_routes_withheld_clients_and_writes_its_rows(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    out = _run("route_heldout.py", "--families", "fielding", "flexcfl", "--seeds", "0",
+               "--out", str(tmp_path / "r"), "--jsonl", str(rows))
+    got = {r["family"]: r for r in map(json.loads, rows.read_text().splitlines())}
+    assert sorted(got) == ["fielding", "flexcfl"]
+    for row in got.values():
+        assert row["routes"] == 4 and len(row["detail"]) == 4 and row["separated"] is True
+        assert row["right"] == sum(d["right"] for d in row["detail"])
+    assert "fielding: " in out and "routes to the cluster of the client's concept" in out

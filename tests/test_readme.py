@@ -51,6 +51,7 @@ def block(heading: str) -> list[str]:
 RUN = block("Run")
 BRING_YOUR_OWN = block("Bring your own model, data, strategy and GPU")
 BENCH_QUICK = [c for c in block("Benchmark") if c.startswith("fedcluster bench --quick")]
+EXPORT = block("Export and serve")
 
 
 def test_the_readme_blocks_hold_the_commands_these_tests_run():
@@ -150,4 +151,27 @@ def test_the_benchmark_quick_line(fresh_clone):
     assert "fedcluster bench --quick" in page and "## Leaderboard" in page
     plots = sorted((runs / "benchmark").glob("*.png"))
     assert plots and all(f"benchmark/{p.name}" in page for p in plots)
+    assert fresh_clone.changed_files() == ""
+
+
+def test_the_export_and_serve_block(fresh_clone):
+    """A run exported at its end, served by `load_run` (examples/serve.py), predictions for a
+    routed new client and for a client of the run, an export from the checkpoint: every file
+    the block names, all under runs/."""
+    assert [c.split()[:2] for c in EXPORT] == [
+        ["fedcluster", "run"], ["python", "examples/serve.py"], ["fedcluster", "predict"],
+        ["fedcluster", "predict"], ["fedcluster", "export"]]
+    logs = []
+    for command in EXPORT:
+        proc = fresh_clone.sh(command)
+        logs.append(proc.stdout + proc.stderr)
+        assert proc.returncode == 0, f"{command}\n{logs[-1][-3000:]}"
+    runs = fresh_clone.path / "runs"
+    manifest = json.loads((runs / "serve" / "export" / "manifest.json").read_text())
+    assert manifest["strategy"] == "ifca" and len(manifest["models"]) == 2
+    assert "a new client with client 3's concept -> cluster" in logs[1]
+    assert re.search(r"routed to cluster \d \(lowest loss\)", logs[2])
+    assert len((runs / "serve" / "predictions.csv").read_text().splitlines()) > 1
+    assert (runs / "serve" / "client3.jsonl").stat().st_size > 0
+    assert (runs / "serve-export" / "manifest.json").is_file()
     assert fresh_clone.changed_files() == ""

@@ -114,10 +114,11 @@ def test_a_family_imports_only_the_core_and_the_foundation(graph):
 
 
 def test_no_server_side_module_reaches_a_client_side_one(graph):
-    # the in-process engine, the command line and the bench (which runs experiments through the
-    # engine) host both sides in one process: neither side
+    # the in-process engine, the command line, the bench (which runs experiments through the
+    # engine) and serving (a family's newcomer rule runs its client code on a new client's
+    # samples) host both sides in one process: neither side
     hosts = {"fedcluster_app.engine", "fedcluster_app.cli", "fedcluster_app.bench.runner",
-             "fedcluster_app.bench.command"}
+             "fedcluster_app.bench.command", "fedcluster_app.serving"}
     client_side = {m for m in graph if m.endswith(".client") or m.endswith("client_app")
                    or m in ("fedcluster_app.core.handlers", "fedcluster_app.core.stream_client")}
     server_side = {m for m in graph if m in ("fedcluster_app.server_app", "fedcluster_app.api")

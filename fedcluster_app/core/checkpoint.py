@@ -34,6 +34,7 @@ SAFE_ON_RESUME = frozenset({
     "out-dir", "resume-from", "overwrite",        # where the files go, whether to replace them
     "progress", "plot", "checkpoint-every",       # what is shown and how often state is saved
     "checkpoint-client-state",                    # whether clients' state is saved with it
+    "export",                                     # whether the models are exported at the end
     "round-timeout", "node-wait-s", "min-nodes",  # how long to wait for clients
     "device", "data-dir",                         # the hardware, where the same data live here
     "batch-clients",                              # clients trained batched or one by one

@@ -322,6 +322,9 @@ class ResultSettings(HParams):
     checkpoint_client_state: bool = param(True, "the checkpoint also keeps every client's "
                                           "context.state (personal models, ...), put back on "
                                           "resume; false = it stays on the devices only")
+    export: bool = param(False, "true = at the end, write every cluster model (state_dicts, "
+                         "TorchScript) and a manifest to out-dir/export (docs/export.md), as "
+                         "`fedcluster export` does")
     resume_from: str = param("", "checkpoint file or run directory to resume from")
     overwrite: bool = param(False, "true = a new run may replace the finished run in out-dir "
                             "(refused otherwise)")

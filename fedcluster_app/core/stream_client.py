@@ -42,7 +42,7 @@ from fedcluster_app.core.training import (
 
 PERSONAL_KEY = "personal-model"
 COUNTERS_KEY = "client-counters"
-OPTIMIZER_PREFIX = "optimizer-state."   # + stream id (a model id): one record per model
+OPTIMIZER_PREFIX = P.OPTIMIZER_PREFIX   # + stream id (a model id): one record per model
 _STATE_STEP = "time-step"               # the time step an optimizer state belongs to
 
 # the shared training settings a message may not change (wire.TRAIN_OVERRIDES are the ones it may)

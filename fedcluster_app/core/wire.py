@@ -39,6 +39,8 @@ QUERY_HISTOGRAM = "query.histogram"  # label histogram of the training window
 QUERY_STATE = "query.state"         # the client's context.state, for the server's checkpoint
 QUERY_RESTORE = "query.restore"     # put a checkpointed context.state back (a resumed run)
 STATE_PREFIX = "state."             # context.state records travel under state.<name>
+#: a client's optimizer state of one model in its context.state: + stream id (a model id)
+OPTIMIZER_PREFIX = "optimizer-state."
 
 MODEL_PREFIX = "model."
 EXTRA_PREFIX = "extra."        # other arrays of a reply (e.g. FedCCFA's classifier rows), by name

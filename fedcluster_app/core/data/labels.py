@@ -46,9 +46,10 @@ def _check_kind(y: np.ndarray, where: str, name: str, remap: bool) -> None:
 
 def class_codes(parts: list[tuple[np.ndarray, str]], where: str, remap: bool,
                 num_classes: int = 0, source_classes: int = 0
-                ) -> tuple[list[np.ndarray], int, str]:
-    """The labels of every part (train, test) as ``int64`` classes, the number of classes ``C``
-    and the log line of a remap (``""`` when nothing was renumbered).
+                ) -> tuple[list[np.ndarray], int, str, tuple]:
+    """The labels of every part (train, test) as ``int64`` classes, the number of classes ``C``,
+    the log line of a remap (``""`` when nothing was renumbered) and, after a remap, each
+    class's label as the data wrote it (class ``i`` is ``names[i]``; ``()`` otherwise).
 
     ``parts`` are ``(labels, name)``; ``num_classes`` is the run config's (0 = from the data),
     ``source_classes`` the classes the source declares (an image folder's class folders).
@@ -63,13 +64,14 @@ def class_codes(parts: list[tuple[np.ndarray, str]], where: str, remap: bool,
             raise ValueError(f"{where}: {names} hold {len(values)} distinct labels, more than "
                              f"num-classes = {num_classes}")
         codes = [np.searchsorted(values, y).astype(np.int64) for y, _ in parts]
+        written = tuple(v.item() if isinstance(v, np.generic) else v for v in values)
         if np.array_equal(values, np.arange(len(values))):
-            return codes, len(values), ""
+            return codes, len(values), "", ()
         mapping = ", ".join(f"{_preview([v])} -> {i}" for i, v in enumerate(values[:12]))
         note = (f"{where}: remap-labels: the {len(values)} distinct labels of {names} are "
                 f"numbered 0..{len(values) - 1} in sorted order: {mapping}"
                 f"{', ...' if len(values) > 12 else ''}")
-        return codes, len(values), note
+        return codes, len(values), note, written
     ints = [y.astype(np.int64) for y, _ in parts]
     low = min(int(y.min()) for y in ints if len(y))
     if low < 0:
@@ -82,7 +84,7 @@ def class_codes(parts: list[tuple[np.ndarray, str]], where: str, remap: bool,
         if c > num_classes:
             raise ValueError(f"{where}: {names} holds labels up to {c - 1}, but num-classes = "
                              f"{num_classes}; expected labels 0..{num_classes - 1}")
-        return ints, c, ""
+        return ints, c, "", ()
     if len(values) < c:
         empty = sorted(set(range(c)) - set(values.tolist()))
         gap = (f"class {empty[0]} has" if len(empty) == 1 else f"classes {_preview(empty)} have")
@@ -91,4 +93,4 @@ def class_codes(parts: list[tuple[np.ndarray, str]], where: str, remap: bool,
                          f"Set remap-labels = true to number the {len(values)} labels that occur "
                          f"0..{len(values) - 1}, or num-classes = {c} to keep these numbers (and "
                          f"the empty classes)")
-    return ints, c, ""
+    return ints, c, "", ()

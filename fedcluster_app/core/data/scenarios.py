@@ -151,6 +151,8 @@ from fedcluster_app.core.data.pools import (
     user_source,
 )
 from fedcluster_app.core.data.partition import check_groups, natural_realisation
+from fedcluster_app.core.data.preprocessing import NONE as NO_PREPROCESSING
+from fedcluster_app.core.data.preprocessing import scaling
 from fedcluster_app.core.data.river_streams import river_concepts
 
 __all__ = [
@@ -426,6 +428,9 @@ class Scenario:
     (the resolved schedule source), ``drift_step``, ``dirichlet_alpha``, ``concept_labels`` and
     ``params`` (the normalised build arguments).
 
+    ``preprocessing`` says how a raw input (as the data source holds it) became what the
+    model sees (``preprocessing.py``): a run's export and serving apply it to new inputs.
+
     ``holdout_clients`` are clients that never train (FedRC's non-participating test clients):
     strategies send them no training, and they measure *global* accuracy. Their ``x_train``
     split is the labelled adaptation data a new client may use before predicting (choosing a
@@ -445,7 +450,9 @@ class Scenario:
                  samples_per_step: int, test_samples: int, drift_pattern: str, drift_step: int,
                  dirichlet_alpha: float, concept_labels: list[str], params: tuple,
                  holdout_clients: tuple[int, ...] = (), large_files: bool = False,
-                 notes: tuple[str, ...] = ()) -> None:
+                 notes: tuple[str, ...] = (),
+                 preprocessing: dict | None = NO_PREPROCESSING,
+                 class_names: tuple = ()) -> None:
         self.name = name
         self.description = description
         self._matrix = np.asarray(matrix, dtype=np.int64).copy()
@@ -473,6 +480,11 @@ class Scenario:
         # its pools are read from large files (torchvision): not loaded just to report sizes
         self._large_files = bool(large_files)
         self._notes = tuple(notes)      # what reading the data changed (data_report)
+        #: how a raw input becomes a model input (``preprocessing.py``); None: unknown here
+        #: (the server of a deployment cannot read the data that a user's table standardises)
+        self.preprocessing = preprocessing
+        #: class i's label as a user's data wrote it, where remap-labels numbered them (else ())
+        self.class_names = tuple(class_names)
         self._realisation: object | None = None
         self._lock = threading.Lock()
         self._cache = _BoundedCache(_nbytes)            # (client, step) -> StepData
@@ -872,6 +884,7 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
     if natural:
         check_groups(natural, p, partition_column, info.data.group_names)
     concepts = list(concepts)
+    preprocessing: dict | None = NO_PREPROCESSING   # generated inputs are the model's inputs
     if d.tabular:
         def factory(concepts=concepts):
             return TabularRealisation(concepts)
@@ -898,6 +911,7 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
                 return ClassRealisation(MixtureSource(means), concepts, priors)
         elif d.data == "digits":
             input_shape, model, hidden = (1, 8, 8), "cnn", 0
+            preprocessing = scaling(16.0)     # digits_pools: pixels 0..16
 
             def factory(concepts=concepts, priors=priors):
                 return ClassRealisation(ImageSource(*digits_pools(seed)), concepts, priors,
@@ -905,6 +919,7 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
         elif info is not None:  # a user's dataset or a River table (sources.py)
             input_shape = info.input_shape
             model, hidden = ("cnn", 0) if info.image else ("mlp", max(16, 2 * input_shape[0]))
+            preprocessing = info.data.preprocessing() if info.data is not None else None
 
             def factory(concepts=concepts, priors=priors, info=info, p=p):
                 if info.data is None:
@@ -920,6 +935,7 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
             from fedcluster_app.core.data.loaders import IMAGE_DATASETS, _check_files
 
             input_shape, model, hidden = IMAGE_DATASETS[d.data][1], "cnn", 0
+            preprocessing = scaling(255.0)    # torchvision_pools: uint8 pixels
             if data_dir != METADATA_ONLY:
                 _check_files(d.data, Path(data_dir))  # fail early; the pools load lazily
 
@@ -943,5 +959,6 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
         drift_pattern=source, drift_step=drift_step, dirichlet_alpha=alpha,
         concept_labels=list(labels), params=params, large_files=d.needs_data_dir,
         notes=(info.data.label_note,) if info is not None and info.data is not None
-        and info.data.label_note else (),
+        and info.data.label_note else (), preprocessing=preprocessing,
+        class_names=info.data.class_names if info is not None and info.data is not None else (),
     )

@@ -86,6 +86,7 @@ __all__ = [
     "is_node_spec",
     "load_user_data",
     "parse_dataset_spec",
+    "read_raw",
     "spec_is_readable",
 ]
 
@@ -122,10 +123,26 @@ class UserData:
     groups_test: np.ndarray | None = None
     group_names: tuple[str, ...] = ()
     label_note: str = ""
+    #: flat features: the train split's per-feature mean and standard deviation that
+    #: standardised both splits (``(raw - mean) / std``); None for images
+    feature_mean: np.ndarray | None = None
+    feature_std: np.ndarray | None = None
+    #: after ``remap-labels``: class ``i``'s label as the data wrote it (``()``: the labels
+    #: were the class numbers)
+    class_names: tuple = ()
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(s) for s in self.x_train.shape[1:])
+
+    def preprocessing(self) -> dict:
+        """How a raw input (as the source holds it) becomes what the model sees: the same
+        rule the run's data went through (``core.data.preprocessing``)."""
+        from fedcluster_app.core.data.preprocessing import scaling, standardisation
+
+        if self.image:
+            return scaling(self.max_value)
+        return standardisation(self.feature_mean, self.feature_std)
 
 
 # ------------------------------------------------------------------------------------ specs
@@ -239,7 +256,8 @@ def _load_cached(kind: str, ref: str, read_seed: int, seed: int, test_fraction: 
         if x_te.shape[1:] != x.shape[1:]:
             raise ValueError(f"{where}: test inputs have shape {x_te.shape[1:]} but train inputs "
                              f"{x.shape[1:]}; expected the same shape")
-    codes, c, note = class_codes(parts, where, read.remap_labels, num_classes, raw.num_classes)
+    codes, c, note, class_names = class_codes(parts, where, read.remap_labels, num_classes,
+                                              raw.num_classes)
     y = codes[0]
     g = g_te = None
     names: tuple[str, ...] = ()
@@ -258,6 +276,7 @@ def _load_cached(kind: str, ref: str, read_seed: int, seed: int, test_fraction: 
         raise ValueError(f"{where}: found only class 0; expected labels of at least 2 classes")
     image = x.ndim == 4
     max_value = 1.0
+    mean = std = None
     if image:
         if np.issubdtype(x.dtype, np.integer):
             for a, name in ((x, "x"), (x_te, "x_test")):
@@ -273,6 +292,8 @@ def _load_cached(kind: str, ref: str, read_seed: int, seed: int, test_fraction: 
         std = x.std(axis=0)
         std[~(std > 1e-12)] = 1.0
         x, x_te = (x - mean) / std, (x_te - mean) / std
+        for a in (mean, std):
+            a.setflags(write=False)
     arrays = [np.ascontiguousarray(a) for a in (x, y, x_te, y_te)]
     groups = [np.ascontiguousarray(a, dtype=np.int64) for a in (g, g_te)] if g is not None \
         else [None, None]
@@ -281,7 +302,8 @@ def _load_cached(kind: str, ref: str, read_seed: int, seed: int, test_fraction: 
             a.setflags(write=False)
     return UserData(f"{kind}:{ref}" if kind != "module" else ref, *arrays, num_classes=int(c),
                     image=image, max_value=max_value, groups_train=groups[0],
-                    groups_test=groups[1], group_names=names, label_note=note)
+                    groups_test=groups[1], group_names=names, label_note=note,
+                    feature_mean=mean, feature_std=std, class_names=class_names)
 
 
 def _stratified(y: np.ndarray, test_fraction: float, rng: np.random.Generator):
@@ -333,6 +355,32 @@ def _group_split(g: np.ndarray, names: tuple[str, ...], test_fraction: float,
         test.append(rows[:k])
         train.append(rows[k:])
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def read_raw(spec: str, read: ReadOptions | None = None, seed: int = 0
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The inputs and labels of ``spec`` as the source holds them, before anything a run does
+    to them (no split, no standardisation, labels as written): both splits of a source that
+    has two, train first. An ``npz:`` file may hold ``x`` alone (labels None): inputs to
+    predict for."""
+    kind, ref = parse_dataset_spec(spec)
+    if kind == "npz" and os.path.exists(ref):
+        try:
+            with np.load(ref, allow_pickle=False) as f:
+                arrays = {k: f[k] for k in f.files}
+        except Exception as exc:
+            raise ValueError(f"{spec}: cannot read it as a .npz file ({type(exc).__name__}: "
+                             f"{exc}); expected arrays x (and y)") from None
+        if "x" not in arrays:
+            raise ValueError(f"{spec}: has arrays {sorted(arrays)}, missing x")
+        return _inputs(arrays["x"], spec, "x"), arrays.get("y")
+    where = f"{kind}:{ref}" if kind != "module" else ref
+    raw = _read(kind, ref, seed, read or ReadOptions(), where)
+    x = _inputs(raw.x, where, "x")     # images get their channel axis as in training
+    if raw.x_test is None:
+        return x, np.asarray(raw.y)
+    return (np.concatenate([x, _inputs(raw.x_test, where, "x_test")]),
+            np.concatenate([np.asarray(raw.y), np.asarray(raw.y_test)]))
 
 
 def _read(kind: str, ref: str, seed: int, read: ReadOptions, where: str) -> _Raw:
