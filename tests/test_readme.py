@@ -175,3 +175,23 @@ def test_the_export_and_serve_block(fresh_clone):
     assert (runs / "serve" / "client3.jsonl").stat().st_size > 0
     assert (runs / "serve-export" / "manifest.json").is_file()
     assert fresh_clone.changed_files() == ""
+
+
+def test_the_strategy_table_lists_every_registered_strategy():
+    """README "Strategies": every registered name in a row (by the paper whose baseline it is),
+    and no name there that is not registered (a run-config key such as `prox-mu` may be
+    mentioned), so that adding or renaming a strategy cannot leave the table behind."""
+    from fedcluster_app.api import STRATEGIES, run_config_defaults
+
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("### Strategies (`strategy`)"):text.index("### Scenarios")]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 3 and not cells[0].startswith(("family", "-")):
+            rows[cells[0].split()[0].lower()] = set(re.findall(r"`([^`]+)`", cells[1]))
+    listed = set().union(*rows.values())
+    assert sorted(set(STRATEGIES) - listed) == [], "README's strategy table misses these"
+    keys = set(run_config_defaults())
+    named = {t for names in rows.values() for t in names if re.fullmatch(r"[a-z0-9-]+", t)}
+    assert named - set(STRATEGIES) - keys == set(), "README names strategies that do not exist"

@@ -152,12 +152,20 @@ def main(argv=None) -> int:
     if args.only:
         wanted = [(n, c) for n, c in wanted if any(n.startswith(o) for o in args.only)]
     if args.mode == "record":
-        with open(args.golden, "w") as fh:
-            for name, cfg in wanted:
-                t0 = time.monotonic()
-                fh.write(json.dumps(run_one(name, cfg), sort_keys=True) + "\n")
-                fh.flush()
-                print(f"{name}: {time.monotonic() - t0:.1f} s", flush=True)
+        # merges: the runs recorded now replace their lines, every other line is kept (so that
+        # ``--only`` never drops the rest), in the order of runs(); written once at the end
+        path = Path(args.golden)
+        lines = {json.loads(line)["name"]: line for line in
+                 (path.read_text().splitlines() if path.is_file() else [])}
+        for name, cfg in wanted:
+            t0 = time.monotonic()
+            lines[name] = json.dumps(run_one(name, cfg), sort_keys=True)
+            print(f"{name}: {time.monotonic() - t0:.1f} s", flush=True)
+        order = {name: i for i, (name, _) in enumerate(runs())}
+        ordered = sorted(lines, key=lambda n: (order.get(n, len(order)), n))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(lines[n] + "\n" for n in ordered))
+        tmp.replace(path)
         return 0
     golden = {}
     for line in Path(args.golden).read_text().splitlines():
