@@ -29,6 +29,7 @@ class CrashingGrid(InProcessGrid):
 VOLATILE = {"round_time_s", "fielding_cluster_s", "fielding_handling_s"}
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_resume_after_crash_gives_the_uninterrupted_metrics(fast_config, tmp_path, strategy):
     """The server dies in round 7 (every client process with it: the resumed run gets new

@@ -116,6 +116,7 @@ def test_every_malformation_of_a_real_reply_is_rejected_or_harmless(instruction,
         assert_clean(reply)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_clients_sending_malformed_replies_never_stop_a_run(fast_config, strategy):
     from fedcluster_app.client_app import app as honest

@@ -17,6 +17,7 @@ from fedcluster_app.engine import run_inprocess
 FOUNDATION = ("fedavg", "fedprox", "ifca", "oracle", "local")
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_runs_end_to_end(strategy, fast_config):
     cfg = fast_config(strategy=strategy)
