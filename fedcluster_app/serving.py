@@ -135,8 +135,8 @@ def route_fielding(run: TrainedRun, client: NewClient) -> tuple[int, str, dict]:
     if not s.centers:
         return route_lowest_loss(run, client)
     probe = s.models.get(s.probe_id) if s.probe_id is not None else None
-    vec = representation(client, _config(run, **{W.REP: s.params.rep,
-                                                   W.GRAD_LAYERS: s.params.grad_layers}), probe)
+    vec = representation(client, _config(run, **s.params.to_message(W.PARAMS, W.CLIENT_KEYS)),
+                         probe)
     ids = sorted(s.centers)
     dist = [clustering.distance(vec, s.centers[m], s.params.metric) for m in ids]
     best = min(range(len(ids)), key=lambda j: (dist[j], ids[j]))

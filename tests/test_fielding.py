@@ -21,6 +21,7 @@ from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.families.fielding import client as fcl
 from fedcluster_app.families.fielding import clustering as core
 from fedcluster_app.families.fielding import wire as fw
+from fedcluster_app.families.fielding.params import FieldingParams
 from fedcluster_app.families.fielding.fielding import Fielding, split_budget
 
 # labels-small-large with one round per time step: 12 rounds, small drift at step 5, large at 9
@@ -236,7 +237,8 @@ def _client(scenario: str, cid: int, **overrides) -> StreamClient:
 
 def test_client_reports_on_registration_and_on_drift_only():
     client = _client("labels-small-large", sorted(_movers(5))[0])
-    cfg = {P.STEP: 1, fw.REP: "label", fw.METRIC: "l1", fw.EPS: 0.0, fw.REGISTER: False}
+    cfg = {P.STEP: 1, **FieldingParams().to_message(fw.PARAMS, fw.CLIENT_KEYS), fw.METRIC: "l1",
+           fw.REGISTER: False}    # the label representation, eps-drift 0
     first, _, _ = fcl.report(client, cfg, {})
     assert first[fw.DRIFTED] == 1 and first[fw.REGISTERED] == 1
     assert sum(first[fw.REP]) == pytest.approx(1.0)
@@ -254,7 +256,8 @@ def test_malicious_clients_permute_their_registration_vector_only():
     assert len(bad) == 6 and fcl.malicious_clients(n, 0.0, 0) == set()
     liar = min(bad)
     honest = min(set(range(n)) - bad)
-    cfg = {P.STEP: 1, fw.REP: "label", fw.METRIC: "l1", fw.EPS: 0.0, fw.REGISTER: False}
+    cfg = {P.STEP: 1, **FieldingParams().to_message(fw.PARAMS, fw.CLIENT_KEYS), fw.METRIC: "l1",
+           fw.REGISTER: False}    # the label representation, eps-drift 0
     for cid, lies in ((liar, True), (honest, False)):
         client = _client("labels-small-large", cid, **{"fielding.malicious-fraction": 0.2})
         sent = np.array(fcl.report(client, cfg, {})[0][fw.REP])

@@ -236,9 +236,26 @@ class HParams:
     def to_table(self) -> dict[str, ConfigValue]:
         return {self.key_of(f): getattr(self, f.name) for f in declared(type(self))}
 
-    def to_message(self, prefix: str) -> dict[str, ConfigValue]:
-        """Every value, as config entries ``<prefix><key>`` of a message to a client."""
-        return {f"{prefix}{k}": v for k, v in self.to_table().items()}
+    def to_message(self, prefix: str, keys: tuple[str, ...] | None = None
+                   ) -> dict[str, ConfigValue]:
+        """Every value (or those of ``keys``: the share a client needs), as config entries
+        ``<prefix><key>`` of a message to a client."""
+        table = self.to_table()
+        return {f"{prefix}{k}": table[k] for k in (keys or table)}
+
+    @classmethod
+    def read_message(cls, config: Mapping[str, Any], prefix: str, keys: tuple[str, ...]
+                     ) -> dict[str, ConfigValue]:
+        """The share ``keys`` that :meth:`to_message` sent, each checked by its declaration
+        (a client has no defaults: a missing key is an error)."""
+        fields = {cls.key_of(f): f for f in declared(cls)}
+        hints = _hints(cls)
+        missing = [k for k in keys if f"{prefix}{k}" not in config]
+        if missing:
+            raise ValueError(f"the message lacks hyper-parameter(s) "
+                             f"{', '.join(prefix + k for k in missing)}")
+        return {k: check_value(f"{prefix}{k}", config[f"{prefix}{k}"], hints[fields[k].name],
+                               fields[k].metadata) for k in keys}
 
     @classmethod
     def from_message(cls: type[T], config: Mapping[str, Any], prefix: str) -> T:

@@ -60,8 +60,10 @@ def _use_numpy(client: StreamClient, config: dict, weights: list[np.ndarray]) ->
     """The NumPy kernel serves the built-in one-hidden-layer MLP only (a user's model with the
     same array shapes may compute something else), on the CPU: with ``device = "auto"`` too,
     since on an H200 these MLPs trained 2.4-6.4x faster here than in PyTorch on the GPU
-    (docs/performance.md, GPU); a client told ``cuda`` trains there, in PyTorch."""
+    (docs/performance.md, GPU); a client told ``cuda`` trains there, in PyTorch. It has no
+    proximal term: with ``prox-mu`` > 0 PyTorch trains."""
     return (config.get(ENGINE, "numpy") != "torch" and client.exp.spec.kind == "mlp"
+            and client.train_config(config).prox_mu == 0
             and (client.device == "cpu" or client.exp.cfg.device == "auto")
             and kernels.is_mlp(weights))
 
@@ -101,15 +103,16 @@ def model_ce_error(client: StreamClient, weights, x, y, config) -> tuple[float, 
 def _weighted_batches(client: StreamClient, steps: list[int], weights: list[float], cfg,
                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Minibatches that first draw a step with probability proportional to its weight:
-    ``local-steps`` of them, or ``local-epochs`` times as many as an epoch of all the steps has."""
+    ``local-steps`` of them, or ``local-epochs`` times as many as an epoch of all the steps has
+    (its full batches only, with ``drop-last``)."""
     parts = [client.exp.scenario.step_data(client.client_id, int(t)) for t in steps]
     sizes = np.array([len(p.y_train) for p in parts])
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     x, y = client.steps_data(steps)
     prob = np.asarray(weights, dtype=np.float64)
     prob = prob / prob.sum()
-    n_batches = cfg.local_steps if cfg.local_steps > 0 else (
-        cfg.local_epochs * max(1, int(np.ceil(len(y) / cfg.batch_size))))
+    per_epoch = len(y) // cfg.batch_size if cfg.drop_last else -(-len(y) // cfg.batch_size)
+    n_batches = cfg.local_steps if cfg.local_steps > 0 else cfg.local_epochs * max(1, per_epoch)
     batches = []
     for _ in range(n_batches):
         k = int(rng.choice(len(parts), p=prob))

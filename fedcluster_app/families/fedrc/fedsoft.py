@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.strategy import (
     ClusteredStrategy,
     RejectedReply,
@@ -36,6 +37,10 @@ class FedSoft(ClusteredStrategy):
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)
+        if self.cfg.train.prox_mu > 0:     # the paper's proximal term is its own, towards the mix
+            raise ConfigError(f"fedsoft's proximal term is fedsoft.lam (towards its clients' "
+                              f"importance-weighted centres): prox-mu must be 0, got "
+                              f"{self.cfg.train.prox_mu}")
         self.trained: set[int] = set()     # clients that hold a personal model
 
     def on_start(self) -> None:

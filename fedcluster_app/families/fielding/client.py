@@ -40,11 +40,11 @@ from fedcluster_app.core.training import as_tensor
 from fedcluster_app.families.fielding import clustering as core
 from fedcluster_app.families.fielding.params import REPRESENTATIONS, FieldingParams
 from fedcluster_app.families.fielding.wire import (
+    CLIENT_KEYS,
     DRIFTED,
-    EPS,
-    GRAD_LAYERS,
     KIND,
     METRIC,
+    PARAMS,
     PROBE_MISSING,
     REGISTER,
     REGISTERED,
@@ -82,11 +82,12 @@ def embedding_vector(client: StreamClient, config: dict, probe: list[np.ndarray]
     return feats.mean(0).double().cpu().numpy()
 
 
-def gradient_vector(client: StreamClient, config: dict, probe: list[np.ndarray]) -> np.ndarray:
+def gradient_vector(client: StreamClient, config: dict, probe: list[np.ndarray],
+                    layers: str) -> np.ndarray:
     x, y = _window(client, config)
     model = client.scratch(probe)
     model.eval()
-    params = (list(model.classifier.parameters()) if config[GRAD_LAYERS] == "last"
+    params = (list(model.classifier.parameters()) if layers == "last"
               else list(model.parameters()))
     model.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(as_tensor(x, device=client.device)),
@@ -95,8 +96,14 @@ def gradient_vector(client: StreamClient, config: dict, probe: list[np.ndarray])
     return torch.cat([g.reshape(-1) for g in grads]).double().cpu().numpy()
 
 
+def client_params(config: dict) -> dict:
+    """The clients' share of the hyper-parameters, as the server sent it (``wire.CLIENT_KEYS``)."""
+    return FieldingParams.read_message(config, PARAMS, CLIENT_KEYS)
+
+
 def representation(client: StreamClient, config: dict, probe: list[np.ndarray] | None) -> np.ndarray:
-    kind = str(config[REP])
+    p = client_params(config)
+    kind = p["rep"]
     if kind == "label":
         return label_vector(client, config)
     if probe is None:
@@ -104,14 +111,15 @@ def representation(client: StreamClient, config: dict, probe: list[np.ndarray] |
     if kind == "embedding":
         return embedding_vector(client, config, probe)
     if kind == "gradient":
-        return gradient_vector(client, config, probe)
+        return gradient_vector(client, config, probe, p["grad-layers"])
     raise ValueError(f"unknown representation {kind!r}; valid: {', '.join(REPRESENTATIONS)}")
 
 
 def report(client: StreamClient, config: dict, models: Models):
     """Handler of ``query.fielding_rep`` (see the module docstring)."""
     state = client.state
-    kind = str(config[REP])
+    p = client_params(config)
+    kind = p["rep"]
     probe = None
     if models:  # the probe model, broadcast once
         probe = models[min(models)]
@@ -128,7 +136,7 @@ def report(client: StreamClient, config: dict, models: Models):
     registering = bool(config[REGISTER]) or last is None
     metric = str(config[METRIC])
     drifted = registering or last.shape != r_now.shape or \
-        core.distance(r_now, last, metric) > float(config[EPS])
+        core.distance(r_now, last, metric) > p["eps-drift"]
     if not drifted:
         return {DRIFTED: 0}, {}, {}
     state[STATE_REP] = P.pack_arrays([r_now.astype(np.float64)])

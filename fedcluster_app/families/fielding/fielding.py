@@ -186,8 +186,7 @@ class Fielding(ClusteredStrategy):
     # ------------------------------------------------------------------ reports
     def collect(self, grid: Grid) -> dict[int, np.ndarray]:
         """Drift reports of every client; returns the valid representations reported."""
-        base = {fc.REP: self.params.rep, fc.METRIC: self.params.metric, fc.EPS: self.params.eps_drift,
-                fc.GRAD_LAYERS: self.params.grad_layers}
+        base = {**self.params.to_message(fc.PARAMS, fc.CLIENT_KEYS), fc.METRIC: self.params.metric}
         targets = sorted(self.clients)
         register = [c for c in targets if c not in self.reps]
         replies: dict[int, Reply] = {}

@@ -7,12 +7,13 @@ from fedcluster_app.core import wire as P
 
 KIND = "query.fielding_rep"
 
-# config keys the server sends
-REP = "fielding.rep"                  # label | embedding | gradient (also the reply key of r_now)
-METRIC = "fielding.metric"            # distance of the drift test
-EPS = "fielding.eps-drift"            # drift threshold
+# config keys the server sends: the clients' share of the hyper-parameters (params.py), sent as
+# ``FieldingParams.to_message(PARAMS, CLIENT_KEYS)`` and read back through the same declaration
+PARAMS = "fielding."
+CLIENT_KEYS = ("rep", "eps-drift", "grad-layers")  # representation, drift threshold, layers
+METRIC = "fielding.metric"            # distance of the drift test (derived from the parameters)
 REGISTER = "fielding.register"        # report r_now whatever the drift test says
-GRAD_LAYERS = "fielding.grad-layers"  # last | all
+REP = "fielding.rep"                  # the reply key of r_now
 # reply keys
 DRIFTED = "fielding.drifted"
 REGISTERED = "fielding.registered"
