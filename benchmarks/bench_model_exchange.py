@@ -63,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     from flwr.supercore.task_identity import TaskIdentity
 
-    from fedcluster_app.core import compiled  # noqa: F401  (the update norm's compiled path)
+    from fedcluster_app.core import compiled_mlp  # noqa: F401  (the update norm's compiled path)
     from fedcluster_app.core import wire as P
 
     # Message() outside a Flower runtime needs these, as the in-process engine sets them

@@ -1054,8 +1054,8 @@ class SentModel:
     norm. Replies have been checked to have the run's shapes and cast to its dtypes, so their
     float arrays are then this model's.
 
-    Once the compiled loops are loaded (the in-process engine's FedDrift-family training loads
-    them) ``update_norm`` runs in one compiled call (``compiled.squared_distances``: NumPy's
+    Once the compiled MLP trainer is loaded (the in-process engine's FedDrift-family training
+    loads it) ``update_norm`` runs in one compiled call (``compiled_mlp.squared_distances``: NumPy's
     pairwise sum per array, the arrays' sums added in order, the same number): a few NumPy calls
     per array cost a KUE round, 100 models of 4 arrays, more than the arithmetic. Otherwise
     (e.g. a deployed ServerApp, which never trains) NumPy's, so the server does not load Numba."""
@@ -1071,7 +1071,7 @@ class SentModel:
                 and tuple(a.dtype for a in weights) == tuple(dtypes)):
             self.flat = np.concatenate([weights[i].ravel() for i in self.floats], dtype=np.float64)
             self.sizes = np.array([weights[i].size for i in self.floats], dtype=np.int64)
-        compiled = sys.modules.get("fedcluster_app.core.compiled")
+        compiled = sys.modules.get("fedcluster_app.core.compiled_mlp")
         if self.flat is not None and compiled is not None:
             # its norm against zeros: (0 - a)^2 is a^2, so the compiled sums give the same number
             zeros = np.zeros_like(self.flat)
@@ -1082,7 +1082,7 @@ class SentModel:
 
     def update_norm(self, weights: Weights) -> float:
         """``update_norm(weights, <this model>)`` for a checked reply's arrays: the same number."""
-        compiled = sys.modules.get("fedcluster_app.core.compiled")
+        compiled = sys.modules.get("fedcluster_app.core.compiled_mlp")
         if self.flat is None or compiled is None:
             return update_norm(weights, self.weights)
         flat = np.concatenate([weights[i].ravel() for i in self.floats], dtype=np.float64)

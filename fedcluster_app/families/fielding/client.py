@@ -37,7 +37,7 @@ from fedcluster_app.core import wire as P
 from fedcluster_app.core.handlers import Models
 from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.core.training import as_tensor
-from fedcluster_app.families.fielding import clustering as core
+from fedcluster_app.families.fielding.distances import distance
 from fedcluster_app.families.fielding.params import REPRESENTATIONS, FieldingParams
 from fedcluster_app.families.fielding.wire import (
     DRIFTED,
@@ -128,7 +128,7 @@ def report(client: StreamClient, config: dict, models: Models):
     registering = bool(config[REGISTER]) or last is None
     metric = str(config[METRIC])
     drifted = registering or last.shape != r_now.shape or \
-        core.distance(r_now, last, metric) > float(config[EPS])
+        distance(r_now, last, metric) > float(config[EPS])
     if not drifted:
         return {DRIFTED: 0}, {}, {}
     state[STATE_REP] = P.pack_arrays([r_now.astype(np.float64)])
