@@ -11,7 +11,7 @@ and 15.6 s per global re-clustering; our target is at most 0.5 s for the whole s
 global re-clustering (``--target``), on a shared 2-core machine.
 
 The global re-clustering is timed (whether or not the trigger fired) with each k-means engine of
-``families/fielding/clustering.kmeans``, in the same run and on the same data and seeds, alternating per repeat:
+``families/fielding/kmeans.kmeans``, in the same run and on the same data and seeds, alternating per repeat:
 
 * ``before``  -- the restarts one after the other (Hamerly's bounds; the implementation before
   the lock-step engine, bit for bit: ``batched=False``);

@@ -1,4 +1,4 @@
-"""What successive halving costs in k-means quality (``families/fielding/clustering.kmeans``, ``keep``).
+"""What successive halving costs in k-means quality (``families/fielding/kmeans.kmeans``, ``keep``).
 
 On the drift-step benchmark's Open-Images-like bucket trace (5,078 clients x 100 labels), for
 every K in 2..10 and a few traces and seeds: the cost (sum of l1 distances to the centers) of the

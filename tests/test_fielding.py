@@ -19,8 +19,8 @@ from fedcluster_app.core.results import load_run
 from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.families.fielding import client as fcl
-from fedcluster_app.families.fielding.distances import distance
 from fedcluster_app.families.fielding import wire as fw
+from fedcluster_app.families.fielding.distances import distance
 from fedcluster_app.families.fielding.fielding import Fielding, split_budget
 
 # labels-small-large with one round per time step: 12 rounds, small drift at step 5, large at 9

@@ -41,6 +41,7 @@ from fedcluster_app.core.strategy import (
 from fedcluster_app.families.fielding import catalogue
 from fedcluster_app.families.fielding.distances import Points
 from fedcluster_app.families.fielding.fielding import sample_clusters, split_budget
+from fedcluster_app.families.fielding.kmeans import kmeans
 
 
 def _flat(weights: list[np.ndarray]) -> np.ndarray:

@@ -62,9 +62,9 @@ from fedcluster_app.core.strategy import (
 )
 from fedcluster_app.core.training import as_tensor, local_train
 from fedcluster_app.families.fielding import catalogue
+from fedcluster_app.families.fielding import wire as fc
 from fedcluster_app.families.fielding.clustering import cluster, handle_drift
 from fedcluster_app.families.fielding.distances import Points, distance
-from fedcluster_app.families.fielding import wire as fc
 
 
 def split_budget(sizes: dict[int, int], total: int, mode: str = "floor") -> dict[int, int]:
