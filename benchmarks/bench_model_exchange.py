@@ -1,7 +1,7 @@
 """What one trained model costs on its way back to the server, by how many arrays it is.
 
 A training reply passes through the same steps for every model it carries: the client packs
-it (``wire.reply_content``, under ``wire.by_reference`` as in the in-process engine), the
+it (``codec.reply_content``, under ``codec.by_reference`` as in the in-process engine), the
 server checks it (``messages.validate_reply``: metrics, shapes, dtypes, finiteness), measures
 its update (``strategy.SentModel.update_norm``) and averages it (``strategy.weighted_average``).
 Most of those steps work array by array. This script times them for 10 clients returning one
@@ -35,16 +35,18 @@ FLAT = [(sum(int(np.prod(s)) for s in LAYERS),)]
 def exchange(shapes, sent, returned, instruction) -> None:
     """One exchange of one model with every client: pack each reply, check it, measure its
     update, average them."""
+    from fedcluster_app.core import codec, flower_fast
     from fedcluster_app.core import wire as P
     from fedcluster_app.core.messages import Task, validate_reply
     from fedcluster_app.core.strategy import SentModel, weighted_average
 
     task, dtypes = Task(models=[0] if sent else []), tuple(np.dtype(np.float32) for _ in shapes)
-    with P.by_reference():
-        replies = [P.reply(P.reply_content({P.CLIENT_ID: cid, P.NUM_EXAMPLES: 100},
-                                           {0: arrays} if sent else {},
-                                           {0: {P.NUM_EXAMPLES: 100}} if sent else {}),
-                           instruction)
+    with codec.by_reference():
+        replies = [flower_fast.reply(codec.reply_content({P.CLIENT_ID: cid, P.NUM_EXAMPLES: 100},
+                                                         {0: arrays} if sent else {},
+                                                         {0: {P.NUM_EXAMPLES: 100}} if sent
+                                                         else {}),
+                                     instruction)
                    for cid, arrays in enumerate(returned)]
         checked = [validate_reply(msg, cid, task, tuple(shapes), dtypes, 1000)
                    for cid, msg in enumerate(replies)]
@@ -63,12 +65,12 @@ def main() -> None:
     args = ap.parse_args()
     from flwr.supercore.task_identity import TaskIdentity
 
-    from fedcluster_app.core import compiled  # noqa: F401  (the update norm's compiled path)
-    from fedcluster_app.core import wire as P
+    from fedcluster_app.core import codec, flower_fast
+    from fedcluster_app.core import compiled_mlp  # noqa: F401  (the update norm's compiled path)
 
     # Message() outside a Flower runtime needs these, as the in-process engine sets them
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    instruction = P.instruction(P.build_content({}, {}), 1, "train", "1")
+    instruction = flower_fast.instruction(codec.build_content({}, {}), 1, "train", "1")
     rng = np.random.default_rng(0)
 
     def model(shapes):

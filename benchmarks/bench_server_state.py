@@ -18,6 +18,7 @@ from pathlib import Path
 from flwr.app import Message
 
 from fedcluster_app.api import build_strategy
+from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.experiment import load_experiment
@@ -36,7 +37,7 @@ class InfoOnlyGrid(InProcessGrid):
 
     def send_and_receive(self, messages, *, timeout=None):
         return [
-            Message(P.reply_content({P.CLIENT_ID: m.metadata.dst_node_id - 1000, P.NUM_EXAMPLES: 500,
+            Message(codec.reply_content({P.CLIENT_ID: m.metadata.dst_node_id - 1000, P.NUM_EXAMPLES: 500,
                                      P.CONCEPT: 0, P.STEP: 1}), reply_to=m)
             for m in messages
         ]

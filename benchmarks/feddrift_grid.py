@@ -19,6 +19,7 @@ batched at least 5x unbatched per run.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -39,14 +40,14 @@ CORES = 2
 
 
 class CompiledClock:
-    """CPU time spent inside some of the compiled loops (``NAMES`` of ``core/compiled.py``),
+    """CPU time spent inside some of the compiled loops (``NAMES`` of the module ``MODULE``),
     counted by timed stand-ins for them where Python calls them (``_install``)."""
 
+    MODULE = ""
     NAMES: tuple[str, ...] = ()
 
     def __init__(self) -> None:
-        from fedcluster_app.core import compiled
-
+        compiled = importlib.import_module(self.MODULE)
         self.seconds = 0.0
         self._install(compiled, {name: self._timed(getattr(compiled, name))
                                  for name in self.NAMES})
@@ -69,6 +70,7 @@ class TrainerClock(CompiledClock):
     arithmetic every way of running a round pays: what is left of a run without it is the
     cost of the rounds around the training."""
 
+    MODULE = "fedcluster_app.core.compiled_mlp"
     NAMES = ("train_mlp", "mean_losses")
 
     def _install(self, compiled, timed: dict) -> None:
@@ -82,6 +84,7 @@ class DrawsClock(CompiledClock):
     bootstrap sample and its minibatches (the same numbers NumPy's calls draw), which both ways
     also pay."""
 
+    MODULE = "fedcluster_app.core.compiled_rng"
     NAMES = ("fresh_draws", "replay", "seed_state")
 
     def _install(self, compiled, timed: dict) -> None:

@@ -25,7 +25,7 @@ from raw_rows import write_rows
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.families.fielding import client as fielding_client
-from fedcluster_app.families.fielding.clustering import distance
+from fedcluster_app.families.fielding.distances import distance
 
 BASE = {"rounds-per-step": 5, "optimizer": "sgd", "lr": 0.1, "local-steps": 5, "batch-size": 20,
         "fraction-train": 0.5, "fielding.participants": 10}

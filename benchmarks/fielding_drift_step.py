@@ -11,7 +11,7 @@ and 15.6 s per global re-clustering; our target is at most 0.5 s for the whole s
 global re-clustering (``--target``), on a shared 2-core machine.
 
 The global re-clustering is timed (whether or not the trigger fired) with each k-means engine of
-``families/fielding/clustering.kmeans``, in the same run and on the same data and seeds, alternating per repeat:
+``families/fielding/kmeans.kmeans``, in the same run and on the same data and seeds, alternating per repeat:
 
 * ``before``  -- the restarts one after the other (Hamerly's bounds; the implementation before
   the lock-step engine, bit for bit: ``batched=False``);
@@ -54,7 +54,8 @@ import numpy as np  # noqa: E402
 from fielding_common import record
 from raw_rows import processor, write_rows
 
-from fedcluster_app.families.fielding import clustering as core  # noqa: E402
+from fedcluster_app.families.fielding.clustering import cluster, handle_drift  # noqa: E402
+from fedcluster_app.families.fielding.distances import Points  # noqa: E402
 
 ENGINES = {  # name -> kmeans keywords
     "before": {"batched": False},
@@ -124,7 +125,7 @@ def main() -> None:
 
     first = next(iter(engines))
     t0 = time.perf_counter()
-    init = core.cluster(before, "l1", args.k_min, args.k_max, args.n_init, seed=args.seed,
+    init = cluster(before, "l1", args.k_min, args.k_max, args.n_init, seed=args.seed,
                         tol=args.tol, **engines[first])
     print(f"initial clustering ({first}): K = {init.k}, silhouette {init.silhouette:.3f}, "
           f"{time.perf_counter() - t0:.3f} s")
@@ -139,8 +140,8 @@ def main() -> None:
     found: dict[str, list[tuple[int, float]]] = {e: [] for e in engines}   # (K, silhouette)
     for r in range(args.repeat):
         t0, c0 = time.perf_counter(), time.process_time()
-        pts = core.Points(after, "l1")
-        out = core.handle_drift(pts, init.labels, np.ones(args.clients, bool), centers, centers,
+        pts = Points(after, "l1")
+        out = handle_drift(pts, init.labels, np.ones(args.clients, bool), centers, centers,
                                 args.tau)
         moves_s.append(time.perf_counter() - t0)
         moves_cpu.append(time.process_time() - c0)
@@ -153,7 +154,7 @@ def main() -> None:
             # the global re-clustering is timed whether or not the trigger fired; each engine
             # starts from the raw vectors (its own Points and caches, inside the timing)
             t1, c1 = time.perf_counter(), time.process_time()
-            res = core.cluster(after, "l1", args.k_min, args.k_max, args.n_init,
+            res = cluster(after, "l1", args.k_min, args.k_max, args.n_init,
                                seed=[args.seed, r], tol=args.tol, **engines[name])
             recl_s[name].append(time.perf_counter() - t1)
             recl_cpu[name].append(time.process_time() - c1)

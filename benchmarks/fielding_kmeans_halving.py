@@ -1,4 +1,4 @@
-"""What successive halving costs in k-means quality (``families/fielding/clustering.kmeans``, ``keep``).
+"""What successive halving costs in k-means quality (``families/fielding/kmeans.kmeans``, ``keep``).
 
 On the drift-step benchmark's Open-Images-like bucket trace (5,078 clients x 100 labels), for
 every K in 2..10 and a few traces and seeds: the cost (sum of l1 distances to the centers) of the
@@ -22,7 +22,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from fielding_drift_step import bucket_trace, load  # noqa: E402
 
-from fedcluster_app.families.fielding import clustering as core  # noqa: E402
+from fedcluster_app.families.fielding.distances import Points  # noqa: E402
+from fedcluster_app.families.fielding.kmeans import kmeans  # noqa: E402
 
 
 def main() -> None:
@@ -40,20 +41,20 @@ def main() -> None:
     diffs, spreads, t_all, t_keep = [], [], [], []
     for trace in args.traces:
         _, x = bucket_trace(args.clients, args.labels, trace)
-        pts = core.Points(x, "l1")
+        pts = Points(x, "l1")
         for seed in args.seeds:
             row = []
             for keep, times in ((None, t_all), (args.n_keep, t_keep)):
                 rng = np.random.default_rng([trace, seed])
                 t0 = time.perf_counter()
-                row.append(np.array([core.kmeans(pts, k, args.n_init, rng, batched=True,
+                row.append(np.array([kmeans(pts, k, args.n_init, rng, batched=True,
                                                  keep=keep, prune_at=args.prune_at).cost
                                      for k in range(2, 11)]))
                 times.append(time.perf_counter() - t0)
             rel = (row[1] - row[0]) / row[0] * 100
             diffs.append(rel)
             rng = np.random.default_rng([trace, seed])
-            single = np.array([[core.kmeans(pts, k, 1, rng, batched=False).cost
+            single = np.array([[kmeans(pts, k, 1, rng, batched=False).cost
                                 for k in range(2, 11)] for _ in range(3)])
             spreads.append((single.max(0) - single.min(0)) / single.min(0) * 100)
             print(f"trace {trace} seed {seed}: halving vs all restarts, best cost "

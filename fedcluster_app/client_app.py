@@ -17,6 +17,8 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
 from fedcluster_app import families
+from fedcluster_app.core import codec
+from fedcluster_app.core import flower_fast
 from fedcluster_app.core import handlers
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.data.catalogue import reads_dataset
@@ -75,8 +77,8 @@ def make_client(context: Context) -> StreamClient:
 
 
 def _config(msg: Message) -> dict:
-    record = P.records_of(msg.content, ConfigRecord).get(P.CONFIG)
-    return dict(P.data_of(record)) if record is not None else {}
+    record = flower_fast.records_of(msg.content, ConfigRecord).get(P.CONFIG)
+    return dict(flower_fast.data_of(record)) if record is not None else {}
 
 
 def _reply(msg: Message, client: StreamClient, config: dict, result: tuple) -> Message:
@@ -85,7 +87,7 @@ def _reply(msg: Message, client: StreamClient, config: dict, result: tuple) -> M
         metrics, model_metrics = client.honest_counts(metrics, model_metrics)
     step = int(config[P.STEP])
     base = {P.CLIENT_ID: client.client_id, P.CONCEPT: client.concept(step), P.STEP: step}
-    return P.reply(P.reply_content({**base, **metrics}, models, model_metrics, *extras), msg)
+    return flower_fast.reply(codec.reply_content({**base, **metrics}, models, model_metrics, *extras), msg)
 
 
 def _request(msg: Message, context: Context) -> tuple[StreamClient, dict, handlers.Models]:
@@ -93,7 +95,7 @@ def _request(msg: Message, context: Context) -> tuple[StreamClient, dict, handle
     refused before any work."""
     client, config = make_client(context), _config(msg)
     int(config[P.STEP])
-    return client, config, P.unpack_models(msg.content)
+    return client, config, codec.unpack_models(msg.content)
 
 
 def _wrap(handler: Handler) -> Callable[[Message, Context], Message]:

@@ -18,7 +18,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedcluster_app.client_app import app as default_client_app
 from fedcluster_app.client_app import handle_many
-from fedcluster_app.core import wire as P
+from fedcluster_app.core import codec
 from fedcluster_app.core.config import ConfigValue, merge_overrides
 
 ClientAppFn = Callable[[Message, Context], Message]
@@ -129,5 +129,5 @@ def run_inprocess(
     grid = grid_cls(run_config, num_nodes, client_app=client_app)
     # server and clients share this process: arrays travel by reference, unless a wrapped
     # ClientApp (faults.py) may rewrite a message's bytes
-    with P.by_reference() if grid.own_app else contextlib.nullcontext():
+    with codec.by_reference() if grid.own_app else contextlib.nullcontext():
         return run_server(grid, run_config)

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from fedcluster_app.api import build_strategy, run_config_defaults
+from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.checkpoint import checkpoint_file, read_checkpoint, read_client_states
 from fedcluster_app.core.config import ConfigError, merge_overrides
@@ -103,7 +104,7 @@ class TrainedRun:
             return None
         from flwr.app import RecordDict
 
-        saved = P.decode_state(blob)
+        saved = codec.decode_state(blob)
         return RecordDict({k[len(P.STATE_PREFIX):]: v for k, v in saved.items()})
 
     def personal_parts(self, cid: int) -> dict[str, dict[str, np.ndarray]]:
@@ -119,7 +120,7 @@ class TrainedRun:
         for name, record in state.array_records.items():
             if name.startswith(P.OPTIMIZER_PREFIX):
                 continue
-            arrays = P.unpack_arrays(record)
+            arrays = codec.unpack_arrays(record)
             names = (whole if name == PERSONAL_MODEL and len(arrays) == len(whole) else
                      list(CLASSIFIER) if name.endswith(PERSONAL_CLASSIFIER) and len(arrays) == 2
                      else [str(i) for i in range(len(arrays))])

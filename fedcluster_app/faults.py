@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from flwr.app import Array, Context, Error, Message, MetricRecord
 
+from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
 
 ClientAppFn = Callable[[Message, Context], Message]
@@ -71,17 +72,17 @@ def poison(msg: Message, reply: Message, attack: str, rng: np.random.Generator) 
     if reply.has_error():
         return reply
     content = reply.content
-    sent = P.unpack_models(msg.content)
+    sent = codec.unpack_models(msg.content)
     if attack in ("huge", "scaled"):
         for key in [k for k in content.array_records if k.startswith(P.MODEL_PREFIX)]:
-            arrays = P.unpack_arrays(content.array_records[key])
+            arrays = codec.unpack_arrays(content.array_records[key])
             mid = int(key[len(P.MODEL_PREFIX):])
             if attack == "huge":
                 arrays = [np.full_like(a, 1e30) if a.dtype.kind == "f" else a for a in arrays]
             elif mid in sent:
                 arrays = [(s + (-1000.0) * (a - s)).astype(a.dtype) if a.dtype.kind == "f" else a
                           for a, s in zip(arrays, sent[mid])]
-            content[key] = P.pack_arrays(arrays)
+            content[key] = codec.pack_arrays(arrays)
     for name, record in list(content.metric_records.items()):
         metrics = dict(record)
         if attack == "inflated" and P.NUM_EXAMPLES in metrics:
@@ -114,10 +115,10 @@ def malform(msg: Message, reply: Message, rng: np.random.Generator,
             record[name] = _bad_array(record[name], how, rng)
             content[key] = record
     elif how == "model-key":
-        content[P.MODEL_PREFIX + str(rng.choice(_JUNK_KEYS))] = P.pack_arrays(
+        content[P.MODEL_PREFIX + str(rng.choice(_JUNK_KEYS))] = codec.pack_arrays(
             [rng.standard_normal(3).astype(np.float32)])
     elif how == "extra-junk":
-        content[P.EXTRA_PREFIX + "junk"] = P.pack_arrays(
+        content[P.EXTRA_PREFIX + "junk"] = codec.pack_arrays(
             [rng.standard_normal(rng.integers(1, 5, size=2)).astype(np.float32)])
     elif how == "drop-arrays":
         for key in arrays:
@@ -147,7 +148,7 @@ def _bad_array(array: Array, how: str, rng: np.random.Generator) -> Array:
         return Array("object", array.shape, array.stype, data)
     if how == "stype":
         return Array(array.dtype, array.shape, "torch.Tensor", data)
-    a = P.to_numpy(array)
+    a = codec.to_numpy(array)
     if how == "dtype-str":
         a = a.astype(str)
     elif how == "dtype-complex":

@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 
 from fedcluster_app import api
 from fedcluster_app.api import ConfigError, make_strategy
-from fedcluster_app.core import wire as P
+from fedcluster_app.core import codec
 from fedcluster_app.engine import InProcessGrid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def test_start_is_flowers_strategy_start(tmp_path):
         seen.append(server_round)
         return MetricRecord({"norm": float(sum(np.abs(a.numpy()).sum() for a in arrays.values()))})
 
-    result = s.start(grid, initial_arrays=P.pack_arrays([a + 1.0 for a in w0]), num_rounds=4,
+    result = s.start(grid, initial_arrays=codec.pack_arrays([a + 1.0 for a in w0]), num_rounds=4,
                      train_config={"lr": 0.05}, evaluate_fn=evaluate_fn)
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3, 4]   # stopped after 4 of 12
     assert result.summary["rounds"] == 4 and result.summary["status"] == "completed"
@@ -102,7 +102,7 @@ def test_start_is_flowers_strategy_start(tmp_path):
     in_use = {m for m in result.assignments.values()}
     assert set(result.evaluate_metrics_serverapp[4]) == {f"model{m}.norm" for m in in_use}
     with pytest.raises(ConfigError, match="initial_arrays have shapes"):
-        make_strategy("ifca", run_config=cfg).start(grid, initial_arrays=P.pack_arrays([w0[0]]))
+        make_strategy("ifca", run_config=cfg).start(grid, initial_arrays=codec.pack_arrays([w0[0]]))
     with pytest.raises(ConfigError, match="num_rounds must be in 1..12"):
         make_strategy("ifca", run_config=cfg).start(grid, num_rounds=13)
 

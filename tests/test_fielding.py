@@ -19,8 +19,8 @@ from fedcluster_app.core.results import load_run
 from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.families.fielding import client as fcl
-from fedcluster_app.families.fielding import clustering as core
 from fedcluster_app.families.fielding import wire as fw
+from fedcluster_app.families.fielding.distances import distance
 from fedcluster_app.families.fielding.params import FieldingParams
 from fedcluster_app.families.fielding.fielding import Fielding, split_budget
 
@@ -245,7 +245,7 @@ def test_client_reports_on_registration_and_on_drift_only():
     assert fcl.report(client, {**cfg, P.STEP: 4}, {})[0] == {fw.DRIFTED: 0}
     drift, _, _ = fcl.report(client, {**cfg, P.STEP: 5}, {})
     assert drift[fw.DRIFTED] == 1 and drift[fw.REGISTERED] == 0
-    assert core.distance(np.array(drift[fw.REP]), np.array(first[fw.REP]), "l1") > 1.0
+    assert distance(np.array(drift[fw.REP]), np.array(first[fw.REP]), "l1") > 1.0
     # the server can ask for a registration report at any time
     assert fcl.report(client, {**cfg, P.STEP: 6, fw.REGISTER: True}, {})[0][fw.DRIFTED] == 1
 

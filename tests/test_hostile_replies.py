@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedcluster_app.api import STRATEGIES
+from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.messages import RejectedReply, Task, validate_reply
 from fedcluster_app.core.results import load_run
@@ -102,7 +103,7 @@ HARMLESS = ("extra-junk", "drop-arrays", "metric-length", "metric-value")
 @pytest.mark.parametrize("how", MALFORMATIONS)
 def test_every_malformation_of_a_real_reply_is_rejected_or_harmless(instruction, how):
     rng = np.random.default_rng(0)
-    honest = RecordDict({"model.0": P.pack_arrays([np.ones(s, np.float32) for s in SHAPES])})
+    honest = RecordDict({"model.0": codec.pack_arrays([np.ones(s, np.float32) for s in SHAPES])})
     honest[P.METRICS] = MetricRecord({P.CLIENT_ID: 4, P.NUM_EXAMPLES: 50, P.LOSSES: [0.5, 0.2],
                                       P.MODEL_IDS: [0, 1], P.ACCURACY: 0.5})
     for _ in range(20):   # the corruption is random: it must be rejected every time

@@ -12,6 +12,7 @@ import torch
 from flwr.app import RecordDict
 
 from fedcluster_app.core import kernels
+from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import (
     ConfigError,
@@ -118,7 +119,7 @@ def _client(**overrides):
 
 def _steps_taken(client: StreamClient, mid: int) -> int:
     record = client.state.array_records[f"{OPTIMIZER_PREFIX}{mid}"]
-    return int(P.to_numpy(record["0.step"]))
+    return int(codec.to_numpy(record["0.step"]))
 
 
 def test_a_client_keeps_its_optimizers_through_a_time_step_and_starts_fresh_at_the_next():

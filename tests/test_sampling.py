@@ -112,7 +112,7 @@ def test_seeded_generators_are_default_rngs_of_the_same_words(hashed, monkeypatc
     once the compiled draws are loaded SeedSequence's hashing compiled) and for large or
     negative ones (the fallback)."""
     if hashed:
-        from fedcluster_app.core import compiled
+        from fedcluster_app.core import compiled_rng as compiled
 
         monkeypatch.setattr(sampling, "_compiled", compiled)
     else:
@@ -149,7 +149,7 @@ def test_round_draws_equal_a_fresh_generators_numpy_calls(compiled_loaded, monke
     """training.round_draws (a fresh generator, a bootstrap sample, the minibatches) gives
     NumPy's rows and minibatches exactly: through NumPy before the compiled draws are loaded,
     and in one compiled call (its own PCG64, Poisson counts and replayed choice) after."""
-    from fedcluster_app.core import compiled
+    from fedcluster_app.core import compiled_rng as compiled
     from fedcluster_app.core.training import round_draws
 
     monkeypatch.setattr(sampling, "_compiled", compiled if compiled_loaded else None)
@@ -197,7 +197,7 @@ def test_round_draws_in_epochs_and_without_data_go_through_numpy():
 def test_round_draws_redraw_after_lemire_rejections(monkeypatch):
     """Over 2**26 rows about 1 bounded draw in 130 is rejected and redrawn, so the compiled
     call needs more words than it first made: it makes them and still equals NumPy."""
-    from fedcluster_app.core import compiled
+    from fedcluster_app.core import compiled_rng as compiled
     from fedcluster_app.core.training import round_draws
 
     monkeypatch.setattr(sampling, "_compiled", compiled)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedcluster_app.api import ConfigError, default_run_config, make_strategy
-from fedcluster_app.core import wire as P
+from fedcluster_app.core import codec
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.models import build_model, set_weights
 from fedcluster_app.core.training import evaluate
@@ -89,7 +89,7 @@ def test_the_next_step_score_is_the_model_of_the_step_on_the_next_test_split(tmp
     for cid in range(exp.scenario.num_clients):
         mid = result.assignments[cid]
         model = build_model(exp.spec, 0)
-        set_weights(model, P.unpack_arrays(result.models[mid]))
+        set_weights(model, codec.unpack_arrays(result.models[mid]))
         data = exp.scenario.step_data(cid, 3)
         mine[cid] = evaluate(model, data.x_test, data.y_test)[1]
     assert last["client_accuracy_next"] == pytest.approx(

@@ -4,6 +4,7 @@
 * The core imports no family (and no app module): families build on it, never the reverse.
 * A family imports only the core and the foundation family.
 * No server-side module imports a client-side one, directly or through others.
+* Only core/flower_fast.py (behind its one switch) reaches into Flower's objects' private fields.
 * Every strategy's typed hyper-parameters and its ``[tool.flwr.app.config.<table>]`` table in
   pyproject.toml hold the same keys with the same defaults; no table is left without a class.
 * Nothing in the package, the docs or the benchmarks cites a file outside the repository.
@@ -119,16 +120,32 @@ def test_no_server_side_module_reaches_a_client_side_one(graph):
     # samples) host both sides in one process: neither side
     hosts = {"fedcluster_app.engine", "fedcluster_app.cli", "fedcluster_app.bench.runner",
              "fedcluster_app.bench.command", "fedcluster_app.serving"}
+    # the compiled MLP trainer too: a server never loads Numba for it (strategy.SentModel uses
+    # its update norm only where a client in the same process has loaded it)
     client_side = {m for m in graph if m.endswith(".client") or m.endswith("client_app")
-                   or m in ("fedcluster_app.core.handlers", "fedcluster_app.core.stream_client")}
+                   or m in ("fedcluster_app.core.handlers", "fedcluster_app.core.stream_client",
+                            "fedcluster_app.core.compiled_mlp")}
     server_side = {m for m in graph if m in ("fedcluster_app.server_app", "fedcluster_app.api")
                    or "fedcluster_app.core.strategy" in reachable(graph, m)
                    or m == "fedcluster_app.core.strategy"} - hosts
     assert "fedcluster_app.families.feddrift.client" in client_side
+    assert "fedcluster_app.core.compiled_mlp" in client_side
     assert "fedcluster_app.families.fedccfa.fedccfa" in server_side
     bad = {m: sorted(reachable(graph, m) & client_side) for m in sorted(server_side)}
     bad = {m: c for m, c in bad.items() if c}
     assert bad == {}, f"server-side modules that import client-side ones: {bad}"
+
+
+def test_only_the_fast_path_reaches_into_flowers_objects():
+    """Flower's private fields are filled and read for speed in one module, core/flower_fast.py,
+    behind its one switch (FAST_PATH); the in-process engine, which stands in for Flower's
+    runtime, numbers the messages it delivers. Anywhere else a shortcut would escape the switch."""
+    private = re.compile(r"__dict__|\.__new__\(|[\"']_data[\"']")
+    allowed = {"fedcluster_app/core/flower_fast.py", "fedcluster_app/engine.py"}
+    users = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+             if private.search(p.read_text())}
+    assert "fedcluster_app/core/flower_fast.py" in users
+    assert users <= allowed, f"outside core/flower_fast.py: {sorted(users - allowed)}"
 
 
 def test_hyper_parameter_classes_match_the_pyproject_tables():

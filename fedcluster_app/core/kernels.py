@@ -4,7 +4,7 @@ The FedDrift paper's synthetic data use tiny MLPs (2-4-2, 3-6-2): on models this
 PyTorch's per-step overhead is about 20x the arithmetic, so the family's clients train them
 here instead: the same computation (cross-entropy, Adam with amsgrad and L2 weight decay
 exactly as ``torch.optim.Adam``, or SGD with momentum), on the same minibatches, in float64.
-The training loop itself is compiled (``core/compiled.train_mlp``): it was a sequence of ~30
+The training loop itself is compiled (``core/compiled_mlp.train_mlp``): it was a sequence of ~30
 NumPy calls per step on arrays of a few dozen numbers, whose Python overhead was the cost
 (docs/performance.md). It states the earlier NumPy
 formulation's arithmetic operation by operation and gives its numbers bit for bit for two
@@ -83,7 +83,7 @@ def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], 
 
 
 def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], float]]:
-    from fedcluster_app.core import compiled     # Numba, loaded on first use
+    from fedcluster_app.core import compiled_mlp as compiled     # Numba, loaded on first use
 
     M = len(jobs)
     shapes = [np.asarray(w).shape for w in jobs[0][0]]

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Message, MetricRecord
 
+from fedcluster_app.core import codec
+from fedcluster_app.core import flower_fast
 from fedcluster_app.core import wire as P
 
 Weights = list[np.ndarray]
@@ -84,14 +86,14 @@ def _validate(msg, cid, task, shapes, dtypes, max_examples) -> Reply:
     if msg.has_error():
         raise RejectedReply(f"client error: {msg.error.reason}")
     content = msg.content
-    records = P.records_of(content, MetricRecord)
+    records = flower_fast.records_of(content, MetricRecord)
     if P.METRICS not in records:
         raise RejectedReply("no metrics record")
-    metrics = check_metrics(dict(P.data_of(records[P.METRICS])), max_examples)
+    metrics = check_metrics(dict(flower_fast.data_of(records[P.METRICS])), max_examples)
     claimed = metrics.get(P.CLIENT_ID)
     if claimed != cid:
         raise RejectedReply(f"reply claims client id {claimed!r}")
-    models = P.unpack_models(content)
+    models = codec.unpack_models(content)
     allowed = set(task.models if task.train_ids is None else task.train_ids)
     if task.personal:   # a client's own model may come back under the personal id
         allowed.add(P.PERSONAL_MODEL_ID)
@@ -113,14 +115,14 @@ def _validate(msg, cid, task, shapes, dtypes, max_examples) -> Reply:
             raise RejectedReply(f"model {mid} has shapes {got}, expected {shapes}")
         models[mid] = _numeric(f"model {mid}", arrays, dtypes)
     model_metrics = {
-        mid: check_metrics(dict(P.data_of(records[P.model_metrics_key(mid)])), max_examples)
+        mid: check_metrics(dict(flower_fast.data_of(records[P.model_metrics_key(mid)])), max_examples)
         for mid in models
         if P.model_metrics_key(mid) in records
     }
     # extras: real-valued; finiteness and shapes are the strategy's check (FedCCFA drops a
     # client's bad classifier rows and still averages its extractor)
     extras = {name: _numeric(f"extra {name!r}", arrays, None, finite=False)
-              for name, arrays in P.unpack_extras(content).items()}
+              for name, arrays in codec.unpack_extras(content).items()}
     return Reply(cid, metrics, models, model_metrics, extras)
 
 

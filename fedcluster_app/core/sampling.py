@@ -53,7 +53,7 @@ def seeded(*words: int) -> np.random.Generator:
 
 
 class _HashedSeed(ISeedSequence):
-    """A seed sequence whose PCG64 state words are already hashed (``compiled.seed_state``)."""
+    """A seed sequence whose PCG64 state words are already hashed (``compiled_rng.seed_state``)."""
 
     __slots__ = ("state",)
 
@@ -166,6 +166,6 @@ def _replay(raw: np.ndarray, leftover: int, n: int, size: int, out: np.ndarray
     whether the leftover half is still unused."""
     global _compiled
     if _compiled is None:     # Numba, loaded on first use; a module global, since an import
-        from fedcluster_app.core import compiled as _compiled   # statement per call costs ~2%
+        from fedcluster_app.core import compiled_rng as _compiled   # statement per call ~2%
     words, unused = _compiled.replay(raw, np.int64(leftover), np.int64(n), np.int64(size), out)
     return int(words), bool(unused)

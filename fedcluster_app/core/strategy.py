@@ -51,6 +51,8 @@ from flwr.server.strategy.aggregate import aggregate_median, aggregate_trimmed_a
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from fedcluster_app.core import codec
+from fedcluster_app.core import flower_fast
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.checkpoint import (
     CHECKPOINT_FILE,
@@ -434,12 +436,12 @@ class ClusteredStrategy(Strategy):
                 config[P.PERSONAL] = True
             for m in task.models:
                 if m not in packed:
-                    record = P.pack_message_arrays(self.models[m])
-                    packed[m] = record, P.record_nbytes(record)
-            content = P.build_content({m: packed[m][0] for m in task.models}, config)
+                    record = codec.pack_message_arrays(self.models[m])
+                    packed[m] = record, codec.record_nbytes(record)
+            content = codec.build_content({m: packed[m][0] for m in task.models}, config)
             # the instruction's arrays are its models': counted once per model and exchange
             self._round_stats["bytes_down"] += sum(packed[m][1] for m in task.models)
-            messages.append(P.instruction(content, node, wire_kind, str(self.round)))
+            messages.append(flower_fast.instruction(content, node, wire_kind, str(self.round)))
             sent[node] = (cid, task)
         replies = (list(grid.send_and_receive(messages, timeout=self.round_timeout))
                    if messages else [])
@@ -464,7 +466,7 @@ class ClusteredStrategy(Strategy):
             except Exception as ex:   # a strategy's own check tripped on a hostile reply
                 self._fail(cid, f"{wire_kind} reply rejected: {type(ex).__name__}: {ex}")
                 continue
-            self._round_stats["bytes_up"] += P.nbytes(msg.content)
+            self._round_stats["bytes_up"] += codec.nbytes(msg.content)
             self.clients[cid].last_round = self.round
             out.append(reply)
         for node, (cid, _) in sent.items():
@@ -564,7 +566,7 @@ class ClusteredStrategy(Strategy):
             return []
         step = self.protocol.time_step(max(self.round, 1))
         messages = [
-            Message(content=P.build_content(config={P.ROUND: self.round, P.STEP: step}),
+            Message(content=codec.build_content(config={P.ROUND: self.round, P.STEP: step}),
                     dst_node_id=n, message_type=P.QUERY_INFO, group_id="discover")
             for n in unknown
         ]
@@ -611,7 +613,7 @@ class ClusteredStrategy(Strategy):
         """(client id, num-examples) of a discovery reply; RejectedReply when it has no usable
         client id (none, not an integer, or outside the scenario's clients)."""
         try:
-            records = P.records_of(msg.content, MetricRecord)
+            records = flower_fast.records_of(msg.content, MetricRecord)
             if P.METRICS not in records:
                 raise RejectedReply("its reply has no metrics record")
             metrics = check_metrics(dict(records[P.METRICS]), self.max_examples)
@@ -690,7 +692,7 @@ class ClusteredStrategy(Strategy):
         ``out_dir`` (default: the run config's ``out-dir``) as with ``fedcluster run``.
         """
         if initial_arrays is not None:
-            arrays = [np.asarray(a) for a in P.unpack_arrays(initial_arrays)]
+            arrays = [np.asarray(a) for a in codec.unpack_arrays(initial_arrays)]
             shapes = tuple(tuple(a.shape) for a in arrays)
             if shapes != self._shapes:
                 raise ConfigError(f"initial_arrays have shapes {shapes}; the run's model "
@@ -714,7 +716,7 @@ class ClusteredStrategy(Strategy):
     def result(self, summary: dict[str, Any]) -> ClusteredResult:
         """Flower's ``Result`` of the run: per round, the clients' training counts and test
         metrics and the server-side evaluation (as metrics.jsonl has them)."""
-        models = {mid: P.pack_arrays(w) for mid, w in sorted(self.models.items())}
+        models = {mid: codec.pack_arrays(w) for mid, w in sorted(self.models.items())}
         sizes = {mid: len(self.members(mid)) for mid in models}
         largest = max(sizes, key=lambda m: (sizes[m], -m)) if sizes else None
         out = ClusteredResult(
@@ -876,7 +878,7 @@ class ClusteredStrategy(Strategy):
     def _server_evaluation(self, rnd: int) -> dict[str, Any]:
         out = {}
         for mid in self.clusters_in_use() or sorted(self.models):
-            metrics = self._evaluate_fn(rnd, P.pack_arrays(self.models[mid]))
+            metrics = self._evaluate_fn(rnd, codec.pack_arrays(self.models[mid]))
             if metrics is not None:
                 out[str(mid)] = dict(metrics)
         return out
@@ -975,7 +977,7 @@ class ClusteredStrategy(Strategy):
         is logged and resumes without its state."""
         sent = {rec.node_id: cid for cid, rec in sorted(self.clients.items())
                 if rec.node_id is not None}
-        messages = [Message(content=P.build_content(config={P.ROUND: self.round}), dst_node_id=n,
+        messages = [Message(content=codec.build_content(config={P.ROUND: self.round}), dst_node_id=n,
                             message_type=P.QUERY_STATE, group_id=f"state-{self.round}")
                     for n in sent]
         states = {}
@@ -985,7 +987,7 @@ class ClusteredStrategy(Strategy):
                 continue
             try:   # the generic check (error reply, metrics, client id); it carries no model
                 validate_reply(msg, cid, Task(), self._shapes)
-                states[cid] = P.encode_state(msg.content)
+                states[cid] = codec.encode_state(msg.content)
             except Exception as ex:   # a hostile or failed reply: that client only
                 log(WARNING, "round %d: client %s: its state is not in the checkpoint (%s)",
                     self.round, cid, ex)
@@ -996,7 +998,7 @@ class ClusteredStrategy(Strategy):
         todo = {self.clients[c].node_id: c for c in cids if c in self._pending_states}
         messages = []
         for node, cid in todo.items():
-            content = P.decode_state(self._pending_states[cid])
+            content = codec.decode_state(self._pending_states[cid])
             content[P.CONFIG] = ConfigRecord({P.ROUND: self.round})
             messages.append(Message(content=content, dst_node_id=node,
                                     message_type=P.QUERY_RESTORE, group_id="restore"))
@@ -1020,7 +1022,7 @@ class ClusteredStrategy(Strategy):
         self._pending_states = read_client_states(path)
         for cid, blob in self._pending_states.items():   # refused now, not when it rejoins
             try:
-                P.decode_state(blob)
+                codec.decode_state(blob)
             except Exception as ex:
                 raise ValueError(f"checkpoint {path}: the saved state of client {cid} is corrupt "
                                  f"({type(ex).__name__}: {ex})") from None
@@ -1054,8 +1056,8 @@ class SentModel:
     norm. Replies have been checked to have the run's shapes and cast to its dtypes, so their
     float arrays are then this model's.
 
-    Once the compiled loops are loaded (the in-process engine's FedDrift-family training loads
-    them) ``update_norm`` runs in one compiled call (``compiled.squared_distances``: NumPy's
+    Once the compiled MLP trainer is loaded (the in-process engine's FedDrift-family training
+    loads it) ``update_norm`` runs in one compiled call (``compiled_mlp.squared_distances``: NumPy's
     pairwise sum per array, the arrays' sums added in order, the same number): a few NumPy calls
     per array cost a KUE round, 100 models of 4 arrays, more than the arithmetic. Otherwise
     (e.g. a deployed ServerApp, which never trains) NumPy's, so the server does not load Numba."""
@@ -1071,7 +1073,7 @@ class SentModel:
                 and tuple(a.dtype for a in weights) == tuple(dtypes)):
             self.flat = np.concatenate([weights[i].ravel() for i in self.floats], dtype=np.float64)
             self.sizes = np.array([weights[i].size for i in self.floats], dtype=np.int64)
-        compiled = sys.modules.get("fedcluster_app.core.compiled")
+        compiled = sys.modules.get("fedcluster_app.core.compiled_mlp")
         if self.flat is not None and compiled is not None:
             # its norm against zeros: (0 - a)^2 is a^2, so the compiled sums give the same number
             zeros = np.zeros_like(self.flat)
@@ -1082,7 +1084,7 @@ class SentModel:
 
     def update_norm(self, weights: Weights) -> float:
         """``update_norm(weights, <this model>)`` for a checked reply's arrays: the same number."""
-        compiled = sys.modules.get("fedcluster_app.core.compiled")
+        compiled = sys.modules.get("fedcluster_app.core.compiled_mlp")
         if self.flat is None or compiled is None:
             return update_norm(weights, self.weights)
         flat = np.concatenate([weights[i].ravel() for i in self.floats], dtype=np.float64)

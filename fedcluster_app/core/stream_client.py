@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.client import NumPyClient
 from torch import nn
 
+from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.batched import FitJob, run_jobs
 from fedcluster_app.core.config import TrainConfig
@@ -211,11 +212,11 @@ class StreamClient(NumPyClient):
     def personal_weights(self) -> list[np.ndarray]:
         """This client's own model; created from a client-specific seed on first use."""
         if PERSONAL_KEY in self.state.array_records:
-            return P.unpack_arrays(self.state.array_records[PERSONAL_KEY])
+            return codec.unpack_arrays(self.state.array_records[PERSONAL_KEY])
         return initial_weights(self.exp.spec, seed=self.exp.cfg.seed * 100_003 + self.client_id)
 
     def store_personal(self, weights: list[np.ndarray]) -> None:
-        self.state[PERSONAL_KEY] = P.pack_arrays(weights)
+        self.state[PERSONAL_KEY] = codec.pack_arrays(weights)
 
     def optimizer_state(self, config: dict, stream_id: int, cfg: TrainConfig | None = None
                         ) -> OptimizerState | None:
@@ -231,8 +232,8 @@ class StreamClient(NumPyClient):
         step, key = int(config[P.STEP]), f"{OPTIMIZER_PREFIX}{stream_id}"
         state: OptimizerState = {}
         record = self.state.array_records.get(key)
-        if record is not None and int(P.to_numpy(record[_STATE_STEP])) == step:
-            state = {name: P.to_numpy(a) for name, a in record.items() if name != _STATE_STEP}
+        if record is not None and int(codec.to_numpy(record[_STATE_STEP])) == step:
+            state = {name: codec.to_numpy(a) for name, a in record.items() if name != _STATE_STEP}
         self._open_states[key] = (step, state)
         return state
 
@@ -243,13 +244,13 @@ class StreamClient(NumPyClient):
             return
         step = max(s for s, _ in self._open_states.values())
         for key in [k for k, r in self.state.array_records.items() if k.startswith(OPTIMIZER_PREFIX)
-                    and int(P.to_numpy(r[_STATE_STEP])) != step]:
+                    and int(codec.to_numpy(r[_STATE_STEP])) != step]:
             del self.state[key]
         for key, (s, state) in self._open_states.items():
             record = ArrayRecord()
             for name, a in state.items():
-                record[name] = P.to_array(np.asarray(a))
-            record[_STATE_STEP] = P.to_array(np.asarray(s, dtype=np.int64))
+                record[name] = codec.to_array(np.asarray(a))
+            record[_STATE_STEP] = codec.to_array(np.asarray(s, dtype=np.int64))
             self.state[key] = record
         self._open_states.clear()
 

@@ -46,6 +46,7 @@ from flwr.app import MetricRecord
 from torch import nn
 from torch.nn import functional as F
 
+from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.models import (
@@ -127,13 +128,13 @@ def _meta(client: StreamClient) -> MetricRecord:
 
 def personal_classifier(client: StreamClient) -> list[np.ndarray] | None:
     if STATE_CLASSIFIER in client.state.array_records:
-        return P.unpack_arrays(client.state.array_records[STATE_CLASSIFIER])
+        return codec.unpack_arrays(client.state.array_records[STATE_CLASSIFIER])
     return None
 
 
 def anchors(client: StreamClient, num_classes: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
     if STATE_ANCHORS in client.state.array_records:
-        a, m = P.unpack_arrays(client.state.array_records[STATE_ANCHORS])
+        a, m = codec.unpack_arrays(client.state.array_records[STATE_ANCHORS])
         return a.copy(), m.copy()
     return np.zeros((num_classes, dim), np.float32), np.zeros(num_classes, np.float32)
 
@@ -153,14 +154,14 @@ def apply_pending(client: StreamClient, config: dict) -> bool:
         rows = np.asarray(config[PENDING_ROWS], np.float32).reshape(len(classes), w.shape[1] + 1)
         for c, row in zip(classes, rows):
             w[c], b[c] = row[:-1], row[-1]
-        client.state[STATE_CLASSIFIER] = P.pack_arrays([w, b])
+        client.state[STATE_CLASSIFIER] = codec.pack_arrays([w, b])
     if PENDING_ANCHOR_CLASSES in config and clf is not None:
         a, m = anchors(client, clf[0].shape[0], clf[0].shape[1])
         classes = [int(c) for c in config[PENDING_ANCHOR_CLASSES]]
         vals = np.asarray(config[PENDING_ANCHORS], np.float32).reshape(len(classes), a.shape[1])
         for c, v in zip(classes, vals):
             a[c], m[c] = v, 1.0
-        client.state[STATE_ANCHORS] = P.pack_arrays([a, m])
+        client.state[STATE_ANCHORS] = codec.pack_arrays([a, m])
     return True
 
 
@@ -292,9 +293,9 @@ def _train_decoupled(client, p, cfg: TrainConfig, algo, features, head, xt, yt, 
         head.weight.copy_(phi0[0])
         head.bias.copy_(phi0[1])
     # state: personal classifier, own anchors for present classes (absent keep their last one)
-    client.state[STATE_CLASSIFIER] = P.pack_arrays(personal)
+    client.state[STATE_CLASSIFIER] = codec.pack_arrays(personal)
     a_held[mask > 0] = local[mask > 0]
-    client.state[STATE_ANCHORS] = P.pack_arrays([a_held, np.maximum(a_mask, mask)])
+    client.state[STATE_ANCHORS] = codec.pack_arrays([a_held, np.maximum(a_mask, mask)])
     meta["trained-round"] = rnd
     meta["personal-age"] = age
     metrics.update({P.TRAIN_LOSS: total / max(1, len(batches)), ENTROPY: entropy, LAMBDA: lam,

@@ -39,8 +39,9 @@ from fedcluster_app.core.strategy import (
     Task,
 )
 from fedcluster_app.families.fielding import catalogue
-from fedcluster_app.families.fielding import clustering as core
+from fedcluster_app.families.fielding.distances import Points
 from fedcluster_app.families.fielding.fielding import sample_clusters, split_budget
+from fedcluster_app.families.fielding.kmeans import kmeans
 
 
 def _flat(weights: list[np.ndarray]) -> np.ndarray:
@@ -108,8 +109,8 @@ class Auxo(ClusteredStrategy):
         spread = float(np.mean(1.0 - vecs @ center))
         if spread <= self.params.split_threshold:
             return
-        pts = core.Points(vecs, "cosine")
-        res = core.kmeans(pts, 2, 3, np.random.default_rng([self.cfg.seed, self.round, mid]))
+        pts = Points(vecs, "cosine")
+        res = kmeans(pts, 2, 3, np.random.default_rng([self.cfg.seed, self.round, mid]))
         if len(res.centers) < 2:
             return
         new = self.new_model([a.copy() for a in self.models[mid]])

@@ -33,11 +33,12 @@ import torch
 from flwr.app import ConfigRecord
 from torch.nn import functional as F
 
+from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.handlers import Models
 from fedcluster_app.core.stream_client import StreamClient
 from fedcluster_app.core.training import as_tensor
-from fedcluster_app.families.fielding import clustering as core
+from fedcluster_app.families.fielding.distances import distance
 from fedcluster_app.families.fielding.params import REPRESENTATIONS, FieldingParams
 from fedcluster_app.families.fielding.wire import (
     CLIENT_KEYS,
@@ -123,23 +124,23 @@ def report(client: StreamClient, config: dict, models: Models):
     probe = None
     if models:  # the probe model, broadcast once
         probe = models[min(models)]
-        state[STATE_PROBE] = P.pack_arrays(probe)
+        state[STATE_PROBE] = codec.pack_arrays(probe)
     elif STATE_PROBE in state.array_records:
-        probe = P.unpack_arrays(state.array_records[STATE_PROBE])
+        probe = codec.unpack_arrays(state.array_records[STATE_PROBE])
     if kind != "label" and probe is None:
         return {PROBE_MISSING: 1, DRIFTED: 0}, {}, {}
     r_now = representation(client, config, probe)
     last = None
     if STATE_REP in state.array_records and STATE_INFO in state.config_records \
             and state.config_records[STATE_INFO].get("kind") == kind:
-        last = P.unpack_arrays(state.array_records[STATE_REP])[0]
+        last = codec.unpack_arrays(state.array_records[STATE_REP])[0]
     registering = bool(config[REGISTER]) or last is None
     metric = str(config[METRIC])
     drifted = registering or last.shape != r_now.shape or \
-        core.distance(r_now, last, metric) > p["eps-drift"]
+        distance(r_now, last, metric) > p["eps-drift"]
     if not drifted:
         return {DRIFTED: 0}, {}, {}
-    state[STATE_REP] = P.pack_arrays([r_now.astype(np.float64)])
+    state[STATE_REP] = codec.pack_arrays([r_now.astype(np.float64)])
     state[STATE_INFO] = ConfigRecord({"kind": kind})
     sent = r_now
     fraction = FieldingParams.from_run_config(client.exp.cfg.raw).malicious_fraction

@@ -62,8 +62,9 @@ from fedcluster_app.core.strategy import (
 )
 from fedcluster_app.core.training import as_tensor, local_train
 from fedcluster_app.families.fielding import catalogue
-from fedcluster_app.families.fielding import clustering as core
 from fedcluster_app.families.fielding import wire as fc
+from fedcluster_app.families.fielding.clustering import cluster, handle_drift
+from fedcluster_app.families.fielding.distances import Points, distance
 
 
 def split_budget(sizes: dict[int, int], total: int, mode: str = "floor") -> dict[int, int]:
@@ -218,7 +219,7 @@ class Fielding(ClusteredStrategy):
                 self.events.setdefault("fielding_rejected", []).append([cid, str(ex)])
                 continue
             nbytes += 4 * len(vec)
-            if r.metrics.get(fc.REGISTERED) and cid in self.reps and core.distance(
+            if r.metrics.get(fc.REGISTERED) and cid in self.reps and distance(
                     vec, self.reps[cid], self.params.metric) <= self.params.eps_drift:
                 continue  # a known client that lost its state re-registered: no drift
             out[cid] = vec
@@ -273,9 +274,9 @@ class Fielding(ClusteredStrategy):
             self.handle(set(reports))
         self.events["fielding_handling_s"] = round(time.perf_counter() - t0, 5)
 
-    def rows(self) -> tuple[list[int], core.Points]:
+    def rows(self) -> tuple[list[int], Points]:
         cids = sorted(c for c in self.reps if c in self.clients)
-        return cids, core.Points(np.stack([self.reps[c] for c in cids]), self.params.metric)
+        return cids, Points(np.stack([self.reps[c] for c in cids]), self.params.metric)
 
     def handle(self, drifted: set[int]) -> None:
         cids, pts = self.rows()
@@ -284,7 +285,7 @@ class Fielding(ClusteredStrategy):
         mask = np.array([c in drifted for c in cids])
         reference = self.centers if self.params.shift_reference == "step" else {
             m: self.ref_centers.get(m, v) for m, v in self.centers.items()}
-        out = core.handle_drift(pts, labels, mask, self.centers, reference, self.tau,
+        out = handle_drift(pts, labels, mask, self.centers, reference, self.tau,
                                 self.params.trigger, self.delta)
         for row, _, new in out.moves:
             self.assign(cids[row], new)
@@ -323,7 +324,7 @@ class Fielding(ClusteredStrategy):
         if not ids or not newcomers:
             return
         cids = sorted(newcomers)
-        pts = core.Points(np.stack([newcomers[c] for c in cids]), self.params.metric)
+        pts = Points(np.stack([newcomers[c] for c in cids]), self.params.metric)
         nearest = pts.to_centers(np.stack([self.centers[m] for m in ids])).argmin(1)
         for c, j in zip(cids, nearest):
             self.assign(c, ids[int(j)])
@@ -332,7 +333,7 @@ class Fielding(ClusteredStrategy):
         cids, pts = self.rows()
         t0 = time.perf_counter()
         k_before = len(self.centers)
-        res = core.cluster(pts.x, self.params.metric, self.params.k_min, self.params.k_max, self.params.n_init,
+        res = cluster(pts.x, self.params.metric, self.params.k_min, self.params.k_max, self.params.n_init,
                            seed=[self.cfg.seed, self.round, 0xC1], min_silhouette=self.params.min_silhouette,
                            pts=pts, keep=self.params.n_keep or None)
         old = self.cluster_models()
