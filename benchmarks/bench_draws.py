@@ -27,7 +27,7 @@ from raw_rows import load_average, machine, write_rows
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedcluster_app.core.config import TrainConfig  # noqa: E402
-from fedcluster_app.core.kernels import numpy_train_many  # noqa: E402
+from fedcluster_app.core.client.kernels import numpy_train_many  # noqa: E402
 from fedcluster_app.core.sampling import bootstrap_rows, choice_batches, seeded  # noqa: E402
 from fedcluster_app.core.training import batch_indices, round_draws  # noqa: E402
 

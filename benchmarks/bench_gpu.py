@@ -160,7 +160,7 @@ class ClientWatch:
         import torch
 
         from fedcluster_app import engine
-        from fedcluster_app.core import batched
+        from fedcluster_app.core.client import batched
 
         self.counts = {"gpu": 0, "cpu": 0, "kernel_jobs": 0}
         self.inside = False
@@ -204,7 +204,7 @@ def child_families(args, out: str) -> None:
     """One side of the families section: every run on ``args.on``."""
     import numpy as np
 
-    from fedcluster_app.core.strategy import read_checkpoint
+    from fedcluster_app.core.server.strategy import read_checkpoint
     from fedcluster_app.engine import run_inprocess
 
     quiet()
@@ -314,7 +314,7 @@ def make_jobs(spec, n: int, device: str, seed: int = 0) -> list:
     its own minibatches; every client starts from the same model, as in FedAvg's round."""
     import numpy as np
 
-    from fedcluster_app.core.batched import FitJob
+    from fedcluster_app.core.client.batched import FitJob
     from fedcluster_app.core.config import TrainConfig
     from fedcluster_app.core.models import initial_weights
 
@@ -334,7 +334,7 @@ def make_jobs(spec, n: int, device: str, seed: int = 0) -> list:
 def child_scaling(args, out: str) -> None:
     import torch
 
-    from fedcluster_app.core.batched import run_jobs, run_jobs_batched
+    from fedcluster_app.core.client.batched import run_jobs, run_jobs_batched
     from fedcluster_app.core.models import prepare_device
 
     torch.set_num_threads(os.cpu_count() or 1)     # the machine's CPUs, all of them

@@ -37,8 +37,8 @@ def exchange(shapes, sent, returned, instruction) -> None:
     update, average them."""
     from fedcluster_app.core import codec, flower_fast
     from fedcluster_app.core import wire as P
-    from fedcluster_app.core.messages import Task, validate_reply
-    from fedcluster_app.core.strategy import SentModel, weighted_average
+    from fedcluster_app.core.server.messages import Task, validate_reply
+    from fedcluster_app.core.server.strategy import SentModel, weighted_average
 
     task, dtypes = Task(models=[0] if sent else []), tuple(np.dtype(np.float32) for _ in shapes)
     with codec.by_reference():
@@ -66,7 +66,7 @@ def main() -> None:
     from flwr.supercore.task_identity import TaskIdentity
 
     from fedcluster_app.core import codec, flower_fast
-    from fedcluster_app.core import compiled_mlp  # noqa: F401  (the update norm's compiled path)
+    from fedcluster_app.core.client import compiled_mlp  # noqa: F401  (the update norm's compiled path)
 
     # Message() outside a Flower runtime needs these, as the in-process engine sets them
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1

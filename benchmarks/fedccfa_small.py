@@ -30,7 +30,7 @@ import numpy as np
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.models import build_model, set_weights
-from fedcluster_app.core.strategy import read_checkpoint
+from fedcluster_app.core.server.strategy import read_checkpoint
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.families.fedccfa.classifiers import drift_recovery
 from fedcluster_app.families.fedccfa.client import _accuracy, general_test_set

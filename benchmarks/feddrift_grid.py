@@ -70,7 +70,7 @@ class TrainerClock(CompiledClock):
     arithmetic every way of running a round pays: what is left of a run without it is the
     cost of the rounds around the training."""
 
-    MODULE = "fedcluster_app.core.compiled_mlp"
+    MODULE = "fedcluster_app.core.client.compiled_mlp"
     NAMES = ("train_mlp", "mean_losses")
 
     def _install(self, compiled, timed: dict) -> None:

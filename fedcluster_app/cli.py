@@ -177,7 +177,7 @@ def _resumed_config(resume: Path) -> dict:
     continues that run: from its checkpoint (a killed run has no summary.json), else from its
     summary.json (a checkpoint of an older version); empty when there is neither (the resume
     itself then names the missing or corrupt checkpoint)."""
-    from fedcluster_app.core.checkpoint import checkpoint_file, read_checkpoint
+    from fedcluster_app.core.server.checkpoint import checkpoint_file, read_checkpoint
     from fedcluster_app.core.results import read_summary
 
     try:
@@ -240,7 +240,7 @@ def _overrides(args: argparse.Namespace) -> tuple[dict, list[str]]:
         if value is not None:
             values[key] = str(value) if key == "out-dir" else value
     if args.resume:
-        from fedcluster_app.core.checkpoint import checkpoint_file
+        from fedcluster_app.core.server.checkpoint import checkpoint_file
 
         values["resume-from"] = str(args.resume.resolve())
         values.setdefault("out-dir", str(checkpoint_file(args.resume).parent))
@@ -252,7 +252,7 @@ def _overrides(args: argparse.Namespace) -> tuple[dict, list[str]]:
 def cmd_run(args: argparse.Namespace) -> int:
     from fedcluster_app.api import check_tables_read, run_config_defaults
     from fedcluster_app.core.experiment import load_experiment
-    from fedcluster_app.core.strategy import resolve_out_dir
+    from fedcluster_app.core.server.strategy import resolve_out_dir
     from fedcluster_app.server_app import prepare
 
     if args.ray_address and args.engine != "ray":
@@ -302,7 +302,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def interrupted(run_config: dict, deployment: bool = False) -> str:
     """The one line Ctrl-C of a run ends with: where the run is, and how to continue it."""
-    from fedcluster_app.core.checkpoint import read_checkpoint
+    from fedcluster_app.core.server.checkpoint import read_checkpoint
 
     out_dir = Path(run_config["out-dir"])
     if deployment:   # Flower goes on with a submitted run when its `flwr run` is stopped

@@ -2,7 +2,7 @@
 
 The logical client id is the ``client-id`` node-config key in deployment and ``partition-id``
 in simulation; every reply carries it, with the ground-truth concept of the step (read only by
-metrics and the Oracle). The message kinds are the built-in ones (``core/handlers.py``) and
+metrics and the Oracle). The message kinds are the built-in ones (``core/client/handlers.py``) and
 those of every algorithm family (``HANDLERS`` of ``families/<family>/client.py``).
 """
 
@@ -19,13 +19,13 @@ from flwr.common.logger import log
 from fedcluster_app import families
 from fedcluster_app.core import codec
 from fedcluster_app.core import flower_fast
-from fedcluster_app.core import handlers
+from fedcluster_app.core.client import handlers
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.data.catalogue import reads_dataset
 from fedcluster_app.core.data.sources import is_node_spec
 from fedcluster_app.core.experiment import load_experiment
-from fedcluster_app.core.handlers import Handler
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.client.handlers import Handler
+from fedcluster_app.core.client.stream_client import StreamClient
 
 app = ClientApp()
 
@@ -126,7 +126,7 @@ def register(kind: str, handler: Handler) -> None:
 def handle_many(messages: list[tuple[Message, Context]]) -> list[Message | Exception]:
     """Replies to the given (message, node context) pairs, as ``app`` would give them one by
     one, except that the training jobs of all of them run as one batched program
-    (``core/batched.py``). Messages of a kind without a handler here go to ``app``. A message
+    (``core/client/batched.py``). Messages of a kind without a handler here go to ``app``. A message
     whose handling raises gets its exception back in its place."""
     out: list[Message | Exception | None] = [None] * len(messages)
     calls, where = [], []

@@ -38,11 +38,11 @@ from torch import nn
 from fedcluster_app.api import build_strategy, run_config_defaults
 from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.checkpoint import checkpoint_file, read_checkpoint, read_client_states
+from fedcluster_app.core.server.checkpoint import checkpoint_file, read_checkpoint, read_client_states
 from fedcluster_app.core.config import ConfigError, merge_overrides
 from fedcluster_app.core.experiment import Experiment, load_experiment
 from fedcluster_app.core.models import build_model, set_weights
-from fedcluster_app.core.strategy import ClusteredStrategy
+from fedcluster_app.core.server.strategy import ClusteredStrategy
 
 #: the manifest's format; a loader refuses another
 MANIFEST_VERSION = 1

@@ -37,9 +37,9 @@ from torch import nn
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.data.preprocessing import apply as apply_preprocessing
-from fedcluster_app.core.handlers import call, losses
+from fedcluster_app.core.client.handlers import call, losses
 from fedcluster_app.core.models import build_model
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.client.stream_client import StreamClient
 from fedcluster_app.core.training import as_tensor, predict_proba
 from fedcluster_app.export import TrainedRun, open_run
 

@@ -14,8 +14,8 @@ from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
-from fedcluster_app.core.strategy import ClusteredStrategy, Task
-from fedcluster_app.core.stream_client import COUNTERS_KEY, PERSONAL_KEY
+from fedcluster_app.core.server.strategy import ClusteredStrategy, Task
+from fedcluster_app.core.client.stream_client import COUNTERS_KEY, PERSONAL_KEY
 from fedcluster_app.engine import InProcessGrid
 from fedcluster_app.server_app import run_server
 
@@ -124,7 +124,7 @@ def test_clients_train_on_the_history_steps_and_test_on_the_step_they_are_told(f
     from flwr.app import RecordDict
 
     from fedcluster_app.core.models import initial_weights
-    from fedcluster_app.core.stream_client import StreamClient
+    from fedcluster_app.core.client.stream_client import StreamClient
 
     rc = merge_overrides(default_run_config(), fast_config(window=1))
     exp = load_experiment(rc)

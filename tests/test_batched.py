@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from torch import nn
 
-from fedcluster_app.core import handlers
-from fedcluster_app.core.batched import FitJob, run_jobs, run_jobs_batched
+from fedcluster_app.core.client import handlers
+from fedcluster_app.core.client.batched import FitJob, run_jobs, run_jobs_batched
 from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.training import batch_indices
 from fedcluster_app.core.models import ModelSpec, initial_weights
-from fedcluster_app.core.strategy import read_checkpoint
+from fedcluster_app.core.server.strategy import read_checkpoint
 from fedcluster_app.engine import run_inprocess
 
 SGD = {"optimizer": "sgd", "lr": 0.05}
@@ -198,7 +198,7 @@ def test_batching_is_switched_off_by_the_run_config(fast_config, tmp_path, monke
 
 
 def test_a_memory_budget_splits_the_batch_without_changing_results(monkeypatch):
-    from fedcluster_app.core import batched
+    from fedcluster_app.core.client import batched
 
     cfg = TrainConfig(optimizer="sgd", lr=0.1, local_steps=10, batch_size=16)
     jobs = _jobs(cfg, [50, 60, 70, 80, 90])
@@ -214,7 +214,7 @@ def test_a_memory_budget_splits_the_batch_without_changing_results(monkeypatch):
 
 
 def test_the_numpy_kernel_splits_by_memory_bit_for_bit(monkeypatch):
-    from fedcluster_app.core import batched
+    from fedcluster_app.core.client import batched
 
     cfg = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=10, batch_size=16)
     jobs = [dataclasses.replace(j, numpy_kernel=True) for j in _jobs(cfg, [50, 60, 70, 80, 90])]
@@ -231,7 +231,7 @@ def test_the_numpy_kernel_splits_by_memory_bit_for_bit(monkeypatch):
 
 
 def test_a_job_counts_its_model_state_and_activations_in_the_memory_budget():
-    from fedcluster_app.core import batched
+    from fedcluster_app.core.client import batched
 
     adam = TrainConfig(optimizer="adam", batch_size=16)
     sgd = TrainConfig(optimizer="sgd", batch_size=16)
@@ -252,7 +252,7 @@ def test_a_job_counts_its_model_state_and_activations_in_the_memory_budget():
 def test_a_stacked_program_out_of_gpu_memory_splits_in_halves(monkeypatch):
     import torch
 
-    from fedcluster_app.core import batched
+    from fedcluster_app.core.client import batched
 
     cfg = TrainConfig(optimizer="sgd", lr=0.1, local_steps=10, batch_size=16)
     jobs = _jobs(cfg, [50, 60, 70, 80, 90, 55, 65, 75])
@@ -283,7 +283,7 @@ def test_a_stacked_program_out_of_gpu_memory_splits_in_halves(monkeypatch):
 def test_a_stacked_program_keeps_its_tensors_within_32_bit_indexing(monkeypatch):
     """10,000 clients of the 28x28 CNN in one program made a tensor of more than 2**31
     elements on an H200, which PyTorch's CUDA kernels refuse (canUse32BitIndexMath)."""
-    from fedcluster_app.core import batched
+    from fedcluster_app.core.client import batched
 
     cnn = ModelSpec(kind="cnn", input_shape=(1, 28, 28), num_classes=10)
     # its largest activation per job: 32 rows x 16 channels x 28 x 28, the first convolution's
@@ -319,7 +319,7 @@ def test_the_gpu_budget_counts_the_memory_pytorch_keeps_cached(monkeypatch):
     """A round's program leaves tens of GB in PyTorch's cache; free to the next one."""
     import torch
 
-    from fedcluster_app.core import batched
+    from fedcluster_app.core.client import batched
 
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (40 * gib, 140 * gib))

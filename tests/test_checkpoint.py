@@ -9,7 +9,7 @@ import pytest
 
 from fedcluster_app.api import STRATEGIES
 from fedcluster_app.core.results import load_run
-from fedcluster_app.core.strategy import read_checkpoint
+from fedcluster_app.core.server.strategy import read_checkpoint
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 
 
@@ -104,7 +104,7 @@ def test_a_checkpoint_with_wrong_shapes_non_finite_weights_or_bad_client_state_i
         fast_config, tmp_path, damage):
     import numpy as np
 
-    from fedcluster_app.core.checkpoint import read_client_states, write_checkpoint
+    from fedcluster_app.core.server.checkpoint import read_client_states, write_checkpoint
 
     summary = run_inprocess(fast_config(strategy="ifca", checkpoint_every=4))
     meta, models = read_checkpoint(Path(summary["out_dir"]))

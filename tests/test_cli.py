@@ -168,7 +168,7 @@ def _interrupt(argv: list[str], out: Path, after_round: int) -> tuple[int, str]:
     import sys
     import time
 
-    from fedcluster_app.core.checkpoint import read_checkpoint
+    from fedcluster_app.core.server.checkpoint import read_checkpoint
 
     # Ctrl-C as a terminal delivers it: a shell that runs the tests in the background starts
     # them with SIGINT ignored, which children inherit, and Python then never raises
@@ -193,7 +193,7 @@ def _interrupt(argv: list[str], out: Path, after_round: int) -> tuple[int, str]:
 def test_ctrl_c_ends_with_one_line_naming_the_directory_and_the_resume_command(tmp_path):
     """SIGINT (Ctrl-C) of a running `fedcluster run`: no traceback, exit 130, and one line
     with the command that continues the run; that command continues it."""
-    from fedcluster_app.core.checkpoint import read_checkpoint
+    from fedcluster_app.core.server.checkpoint import read_checkpoint
 
     out = tmp_path / "run dir"
     rc, err = _interrupt(["run", "--run-config", str(QUICK), "--set", "rounds-per-step=500",

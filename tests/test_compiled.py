@@ -1,4 +1,4 @@
-"""The compiled MLP trainer (``core/compiled_mlp.py`` behind ``core/kernels.py``): NumPy's sums,
+"""The compiled MLP trainer (``core/client/compiled_mlp.py`` behind ``core/client/kernels.py``): NumPy's sums,
 PyTorch's training, for any number of classes and both optimizers."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from fedcluster_app.core import compiled_mlp as compiled
+from fedcluster_app.core.client import compiled_mlp as compiled
 from fedcluster_app.core.config import TrainConfig
-from fedcluster_app.core.kernels import numpy_train, numpy_train_many
+from fedcluster_app.core.client.kernels import numpy_train, numpy_train_many
 from fedcluster_app.core.models import ModelSpec, build_model, get_weights, set_weights
 from fedcluster_app.core.training import batch_indices, local_train
 
@@ -128,10 +128,10 @@ def test_update_norm_is_the_same_number_compiled():
     import math
     import sys
 
-    from fedcluster_app.core.strategy import SentModel, update_norm
+    from fedcluster_app.core.server.strategy import SentModel, update_norm
 
     rng = np.random.default_rng(0)
-    assert "fedcluster_app.core.compiled_mlp" in sys.modules      # imported above
+    assert "fedcluster_app.core.client.compiled_mlp" in sys.modules      # imported above
     for k in range(600):
         shapes = [tuple(rng.integers(0 if k % 11 == 0 else 1, 12, size=rng.integers(0, 3)))
                   for _ in range(rng.integers(1, 6))] + ([(300, 7)] if k % 50 == 0 else [])
@@ -156,7 +156,7 @@ def test_sent_model_norms_are_update_norms(monkeypatch):
     import math
     import sys
 
-    from fedcluster_app.core.strategy import SentModel, update_norm
+    from fedcluster_app.core.server.strategy import SentModel, update_norm
 
     rng = np.random.default_rng(1)
     shapes = ((4, 2), (4,), (2, 4), (2,), (3,))
@@ -166,7 +166,7 @@ def test_sent_model_norms_are_update_norms(monkeypatch):
         return [(rng.normal(size=s) * scale).astype(d) for s, d in zip(sh, dt)]
 
     for scale in (1e-3, 1.0, 1e3):
-        assert "fedcluster_app.core.compiled_mlp" in sys.modules      # the compiled norm first
+        assert "fedcluster_app.core.client.compiled_mlp" in sys.modules      # the compiled norm first
         sent = model(scale)
         cached = SentModel(sent, shapes, dtypes)
         assert cached.flat is not None
@@ -175,7 +175,7 @@ def test_sent_model_norms_are_update_norms(monkeypatch):
         assert cached.scale == max(1.0, update_norm(sent, [0.0] * 5) / size)
         replies = [model(scale * f) for f in (0.5, 1.0, 2.0) for _ in range(30)]
         assert [cached.update_norm(w) for w in replies] == [update_norm(w, sent) for w in replies]
-        monkeypatch.delitem(sys.modules, "fedcluster_app.core.compiled_mlp")   # a deployed server
+        monkeypatch.delitem(sys.modules, "fedcluster_app.core.client.compiled_mlp")   # a deployed server
         assert [cached.update_norm(w) for w in replies] == [update_norm(w, sent) for w in replies]
         assert SentModel(sent, shapes, dtypes).scale == cached.scale
         monkeypatch.undo()

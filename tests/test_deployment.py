@@ -16,7 +16,7 @@ import pytest
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.results import load_run
-from fedcluster_app.core.strategy import read_checkpoint
+from fedcluster_app.core.server.strategy import read_checkpoint
 from fedcluster_app.deploy import STATE_FILE, LocalDeployment, make_node_keys
 from fedcluster_app.launcher import free_port, run_on_deployment
 

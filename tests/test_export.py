@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fedcluster_app.cli import main as cli
-from fedcluster_app.core.checkpoint import read_checkpoint, write_checkpoint
+from fedcluster_app.core.server.checkpoint import read_checkpoint, write_checkpoint
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.export import export_run
 from fedcluster_app.serving import load_run
@@ -247,7 +247,7 @@ def test_personal_parts_are_exported_and_predict_where_the_checkpoint_holds_them
 
 
 def test_the_personal_record_names_are_the_clients_own():
-    from fedcluster_app.core.stream_client import PERSONAL_KEY
+    from fedcluster_app.core.client.stream_client import PERSONAL_KEY
     from fedcluster_app.export import PERSONAL_CLASSIFIER, PERSONAL_MODEL
     from fedcluster_app.families.fedccfa.client import STATE_CLASSIFIER
 

@@ -20,7 +20,7 @@ from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.families.feddrift.feddrift import FedDrift
-from fedcluster_app.core.kernels import numpy_train
+from fedcluster_app.core.client.kernels import numpy_train
 from fedcluster_app.families.feddrift.wire import ERROR_RATES
 
 # 4 clients, 5 training steps + the test step. Step 3: clients 0, 1 move to a NEW concept (B);
@@ -153,9 +153,9 @@ def test_per_round_ifca_trains_the_model_of_lowest_loss_or_lowest_error(monkeypa
     """IFCA-W's client scores every model on its newest batch and trains only the best: by
     cross-entropy (the IFCA paper) or by 0-1 error (the FedDrift authors' code, which picks the
     highest accuracy); here model 0 has the lower cross-entropy and model 1 the lower error."""
-    from fedcluster_app.core.handlers import call
+    from fedcluster_app.core.client.handlers import call
     from fedcluster_app.core.models import initial_weights
-    from fedcluster_app.core.stream_client import StreamClient
+    from fedcluster_app.core.client.stream_client import StreamClient
     from fedcluster_app.families.feddrift import client as fd_client
     from flwr.app import RecordDict
 
@@ -283,7 +283,7 @@ def test_stacked_numpy_training_equals_training_each_model_alone():
     """KUE/AUE/FedDrift clients train their models in one stacked call: each model must come
     out as if trained alone on its own data and batches (and groups of unequal shape split)."""
     from fedcluster_app.core.training import batch_indices
-    from fedcluster_app.core.kernels import numpy_train_many
+    from fedcluster_app.core.client.kernels import numpy_train_many
 
     rng = np.random.default_rng(3)
     steps = TrainConfig(optimizer="adam", lr=0.01, weight_decay=1e-3, local_steps=20, batch_size=50)

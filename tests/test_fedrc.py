@@ -14,8 +14,8 @@ from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
-from fedcluster_app.core.strategy import read_checkpoint
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.server.strategy import read_checkpoint
+from fedcluster_app.core.client.stream_client import StreamClient
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.families.fedrc import client as FC
 from fedcluster_app.families.fedrc import em as C

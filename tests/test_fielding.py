@@ -16,7 +16,7 @@ from fedcluster_app.core.config import ConfigError, default_run_config, merge_ov
 from fedcluster_app.core.data import build_scenario, scenario_names
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.client.stream_client import StreamClient
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.families.fielding import client as fcl
 from fedcluster_app.families.fielding import wire as fw

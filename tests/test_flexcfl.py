@@ -19,7 +19,7 @@ from fedcluster_app.core.config import ConfigError, default_run_config, merge_ov
 from fedcluster_app.core.data import build_scenario
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
-from fedcluster_app.core.strategy import read_checkpoint
+from fedcluster_app.core.server.strategy import read_checkpoint
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.families.flexcfl import flexcfl as flexcfl_module
 from fedcluster_app.families.flexcfl.flexcfl import FlexCFL

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from fedcluster_app.api import STRATEGIES
 from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.messages import RejectedReply, Task, validate_reply
+from fedcluster_app.core.server.messages import RejectedReply, Task, validate_reply
 from fedcluster_app.core.results import load_run
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.faults import MALFORMATIONS, faulty_app, malform
@@ -221,7 +221,7 @@ def test_defences_against_one_poisoning_client(fast_config):
 def test_a_model_never_becomes_non_finite_after_aggregation(fast_config, monkeypatch, caplog):
     """Finite updates can still average to inf (here: an aggregation that overflows in round 3);
     the model keeps its weights from before the round and the run goes on."""
-    from fedcluster_app.core.strategy import ClusteredStrategy
+    from fedcluster_app.core.server.strategy import ClusteredStrategy
 
     aggregate = ClusteredStrategy.aggregate
 
@@ -256,8 +256,8 @@ def _bounding(soft_weights: dict[int, float] | None, norms: dict[int, float], bo
     the given norms; the clients' soft weights on it, or None for a hard assignment."""
     from types import SimpleNamespace
 
-    from fedcluster_app.core.messages import Reply
-    from fedcluster_app.core.strategy import ClientRecord, ClusteredStrategy
+    from fedcluster_app.core.server.messages import Reply
+    from fedcluster_app.core.server.strategy import ClientRecord, ClusteredStrategy
 
     fake = SimpleNamespace(cfg=SimpleNamespace(update_norm_bound=bound), round=1,
                            models={0: [np.zeros(4)]}, _round_stats={"bounded_updates": 0},
@@ -295,7 +295,7 @@ def test_the_median_of_equal_weights_is_numpys_median():
     """weighted_median's sort for equal weights gives np.median's number to the last bit (odd
     and even counts, ties, norms from 1e-5 to 1e5); unequal weights and non-finite values
     take the weighted path."""
-    from fedcluster_app.core.strategy import weighted_median
+    from fedcluster_app.core.server.strategy import weighted_median
 
     rng = np.random.default_rng(0)
     for k in range(3000):

@@ -14,7 +14,7 @@ import pytest
 from fedcluster_app import launcher
 from fedcluster_app.api import make_strategy
 from fedcluster_app.cli import main
-from fedcluster_app.core.checkpoint import SAFE_ON_RESUME, read_checkpoint
+from fedcluster_app.core.server.checkpoint import SAFE_ON_RESUME, read_checkpoint
 from fedcluster_app.core.config import default_run_config
 from fedcluster_app.core.results import RunRecorder, load_run
 from fedcluster_app.engine import InProcessGrid, run_inprocess

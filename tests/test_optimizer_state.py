@@ -11,7 +11,7 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from fedcluster_app.core import kernels
+from fedcluster_app.core.client import kernels
 from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import (
@@ -22,9 +22,9 @@ from fedcluster_app.core.config import (
 )
 from fedcluster_app.core.data import build_scenario
 from fedcluster_app.core.experiment import load_experiment
-from fedcluster_app.core.handlers import call
+from fedcluster_app.core.client.handlers import call
 from fedcluster_app.core.models import initial_weights
-from fedcluster_app.core.stream_client import OPTIMIZER_PREFIX, StreamClient
+from fedcluster_app.core.client.stream_client import OPTIMIZER_PREFIX, StreamClient
 from fedcluster_app.core.training import batch_indices, local_train
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.families.feddrift.client import train as feddrift_train

@@ -18,7 +18,7 @@ from fedcluster_app.core.config import ConfigError, default_run_config, merge_ov
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.plugins import module_files
 from fedcluster_app.core.results import load_run
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.client.stream_client import StreamClient
 from fedcluster_app.engine import run_inprocess
 
 MODEL = "tests.plugins.my_model:build"
@@ -253,6 +253,7 @@ def test_feddrift_mlps_take_the_compiled_kernel_unless_a_gpu_is_asked_for():
     the GPU: ``auto`` keeps them there; ``cuda`` is honoured."""
     from types import SimpleNamespace
 
+    from fedcluster_app.core.config import TrainConfig
     from fedcluster_app.families.feddrift.client import _use_numpy
 
     spec = models.ModelSpec("mlp", (2,), 2, hidden=4)
@@ -260,10 +261,11 @@ def test_feddrift_mlps_take_the_compiled_kernel_unless_a_gpu_is_asked_for():
 
     def client(device, setting):
         return SimpleNamespace(device=device, exp=SimpleNamespace(
-            spec=spec, cfg=SimpleNamespace(device=setting)))
+            spec=spec, cfg=SimpleNamespace(device=setting, train=TrainConfig())))
 
     assert _use_numpy(client("cpu", "auto"), {}, weights)
     assert _use_numpy(client("cuda:0", "auto"), {}, weights)
     assert not _use_numpy(client("cuda:0", "cuda"), {}, weights)
     assert _use_numpy(client("cpu", "cpu"), {}, weights)
     assert not _use_numpy(client("cpu", "auto"), {"fd.engine": "torch"}, weights)
+    assert not _use_numpy(client("cpu", "auto"), {"prox-mu": 0.1}, weights)   # no proximal term

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fedcluster_app.core.results import load_run
-from fedcluster_app.core.strategy import read_checkpoint
+from fedcluster_app.core.server.strategy import read_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

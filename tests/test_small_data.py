@@ -12,7 +12,7 @@ import pytest
 import fedcluster_app.families  # noqa: F401
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.data import build_scenario
-from fedcluster_app.core.strategy import ClusteredStrategy
+from fedcluster_app.core.server.strategy import ClusteredStrategy
 from fedcluster_app.engine import run_inprocess
 
 SIZES = {"a": 8, "b": 16, "c": 40}       # rows per user: 6, 12 and 30 to train on
@@ -115,7 +115,7 @@ def test_pools_larger_than_a_step_are_drawn_exactly_as_before():
 
 def test_the_reply_of_a_short_client_is_capped_in_the_client(users):
     from fedcluster_app.core.experiment import load_experiment
-    from fedcluster_app.core.stream_client import StreamClient
+    from fedcluster_app.core.client.stream_client import StreamClient
     from flwr.app import RecordDict
 
     exp = load_experiment({"scenario": "dataset-static", "dataset": users,

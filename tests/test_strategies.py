@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from fedcluster_app.api import STRATEGIES
-from fedcluster_app.core.messages import Reply
+from fedcluster_app.core.server.messages import Reply
 from fedcluster_app.core.results import load_run
-from fedcluster_app.core.strategy import ClusteredStrategy
+from fedcluster_app.core.server.strategy import ClusteredStrategy
 from fedcluster_app.engine import run_inprocess
 
 FOUNDATION = ("fedavg", "fedprox", "ifca", "oracle", "local")

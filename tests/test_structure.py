@@ -83,7 +83,7 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_the_graph_sees_the_package(graph):
     assert len(graph) > 50
-    assert "fedcluster_app.core.strategy" in graph["fedcluster_app.families.foundation.fedavg"]
+    assert "fedcluster_app.core.server.strategy" in graph["fedcluster_app.families.foundation.fedavg"]
 
 
 def test_no_import_cycle(graph):
@@ -114,6 +114,27 @@ def test_a_family_imports_only_the_core_and_the_foundation(graph):
     assert bad == {}, f"families importing another family: {bad}"
 
 
+def test_the_core_halves_are_folders_that_never_import_each_other(graph):
+    """core/server (the strategy base, protocols, messages, checkpoint) and core/client (the
+    stream client, handlers, batched engine, kernels) share only the rest of the core."""
+    halves = {"server": "fedcluster_app.core.server", "client": "fedcluster_app.core.client"}
+    assert all(any(m.startswith(p + ".") for m in graph) for p in halves.values())
+    bad = {}
+    for side, prefix in halves.items():
+        other = halves["client" if side == "server" else "server"]
+        for m, deps in graph.items():
+            if m.startswith(prefix):
+                wrong = [d for d in deps if d == other or d.startswith(other + ".")]
+                if wrong:
+                    bad[m] = wrong
+    assert bad == {}, f"one half of the core imports the other: {bad}"
+    shared = [m for m in graph if m.startswith("fedcluster_app.core.")
+              and not m.startswith((halves["server"], halves["client"]))]
+    bad = {m: sorted(d for d in graph[m] if d.startswith(tuple(halves.values())))
+           for m in shared}
+    assert {m: d for m, d in bad.items() if d} == {}, "the shared core imports a half"
+
+
 def test_no_server_side_module_reaches_a_client_side_one(graph):
     # the in-process engine, the command line, the bench (which runs experiments through the
     # engine) and serving (a family's newcomer rule runs its client code on a new client's
@@ -123,13 +144,12 @@ def test_no_server_side_module_reaches_a_client_side_one(graph):
     # the compiled MLP trainer too: a server never loads Numba for it (strategy.SentModel uses
     # its update norm only where a client in the same process has loaded it)
     client_side = {m for m in graph if m.endswith(".client") or m.endswith("client_app")
-                   or m in ("fedcluster_app.core.handlers", "fedcluster_app.core.stream_client",
-                            "fedcluster_app.core.compiled_mlp")}
+                   or m.startswith("fedcluster_app.core.client.")}
     server_side = {m for m in graph if m in ("fedcluster_app.server_app", "fedcluster_app.api")
-                   or "fedcluster_app.core.strategy" in reachable(graph, m)
-                   or m == "fedcluster_app.core.strategy"} - hosts
+                   or "fedcluster_app.core.server.strategy" in reachable(graph, m)
+                   or m == "fedcluster_app.core.server.strategy"} - hosts
     assert "fedcluster_app.families.feddrift.client" in client_side
-    assert "fedcluster_app.core.compiled_mlp" in client_side
+    assert "fedcluster_app.core.client.compiled_mlp" in client_side
     assert "fedcluster_app.families.fedccfa.fedccfa" in server_side
     bad = {m: sorted(reachable(graph, m) & client_side) for m in sorted(server_side)}
     bad = {m: c for m, c in bad.items() if c}

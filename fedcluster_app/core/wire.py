@@ -67,7 +67,7 @@ HISTOGRAM = "histogram"
 
 PERSONAL_MODEL_ID = -1         # id under which a client's personal model is reported
 
-# What a reply's metric holds, checked before a strategy reads it (core/messages.py): a
+# What a reply's metric holds, checked before a strategy reads it (core/server/messages.py): a
 # "scalar", an "int" or a "unit" (a number in [0, 1]), or a list of them ("list", "int-list",
 # "unit-list"). Families declare their own keys with declare_reply_metrics; undeclared keys
 # only have to be finite numbers.

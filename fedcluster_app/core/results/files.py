@@ -22,7 +22,7 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "plot.png"
-CHECKPOINT_FILE = "checkpoint.npz"   # written and read by core/checkpoint.py
+CHECKPOINT_FILE = "checkpoint.npz"   # written and read by core/server/checkpoint.py
 
 REQUIRED_ROUND_KEYS = ("round", "time_step", "accuracy", "num_clusters")
 REQUIRED_SUMMARY_KEYS = (

@@ -53,7 +53,7 @@ from fedcluster_app.core.models import (
     get_weights,
     split_model,
 )
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.client.stream_client import StreamClient
 from fedcluster_app.core.training import as_tensor, batch_indices, device_of, make_optimizer
 from fedcluster_app.core.training import evaluate as evaluate_model
 from fedcluster_app.families.fedccfa.params import FamilyParams, FlashParams

@@ -33,7 +33,7 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.strategy import Task
+from fedcluster_app.core.server.strategy import Task
 from fedcluster_app.families.feddrift import catalogue
 from fedcluster_app.families.feddrift.protocol import TimeStepProtocol, TimeStepStrategy
 from fedcluster_app.families.feddrift.wire import (

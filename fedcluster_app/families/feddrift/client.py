@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from fedcluster_app.core import kernels
+from fedcluster_app.core.client import kernels
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.batched import FitJob
-from fedcluster_app.core.handlers import Models
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.client.batched import FitJob
+from fedcluster_app.core.client.handlers import Models
+from fedcluster_app.core.client.stream_client import StreamClient
 from fedcluster_app.families.feddrift.wire import (
     BOOTSTRAP,
     CLUSTERS,
@@ -63,7 +63,7 @@ def _use_numpy(client: StreamClient, config: dict, weights: list[np.ndarray]) ->
     (docs/performance.md, GPU); a client told ``cuda`` trains there, in PyTorch. It has no
     proximal term: with ``prox-mu`` > 0 PyTorch trains."""
     return (config.get(ENGINE, "numpy") != "torch" and client.exp.spec.kind == "mlp"
-            and client.train_config(config).prox_mu == 0
+            and float(config.get(P.TRAIN_PROX_MU, client.exp.cfg.train.prox_mu)) == 0
             and (client.device == "cpu" or client.exp.cfg.device == "auto")
             and kernels.is_mlp(weights))
 

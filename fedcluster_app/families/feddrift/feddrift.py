@@ -34,7 +34,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.strategy import Task, weighted_average
+from fedcluster_app.core.server.strategy import Task, weighted_average
 from fedcluster_app.families.feddrift import catalogue
 from fedcluster_app.families.feddrift.protocol import TimeStepProtocol, TimeStepStrategy
 from fedcluster_app.families.feddrift.wire import (

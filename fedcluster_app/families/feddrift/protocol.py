@@ -31,7 +31,7 @@ computed from the ground truth kept for metrics, never used by the algorithms),
 round's step so far (``num_clusters`` counts the distinct ones, ``models_allocated`` the models
 alive). The summary adds ``acc_omit``, ``acc_include`` and totals.
 
-The common scoring rule (``score-next-step = true``, core/protocol.py) adds, with the same
+The common scoring rule (``score-next-step = true``, core/server/protocol.py) adds, with the same
 models as the paper's metric (each client's model of the step, or the strategy's ensemble vote:
 the tasks of :meth:`TimeStepProtocol.step_tasks`) but on held-out test splits, as every other
 protocol scores: ``accuracy_current`` every ``eval-every`` rounds (not only at a step's last
@@ -55,9 +55,9 @@ from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.messages import Reply, Task
-from fedcluster_app.core.protocol import Protocol, adjusted_rand, copy_task, score_keys
-from fedcluster_app.core.strategy import ClusteredStrategy
+from fedcluster_app.core.server.messages import Reply, Task
+from fedcluster_app.core.server.protocol import Protocol, adjusted_rand, copy_task, score_keys
+from fedcluster_app.core.server.strategy import ClusteredStrategy
 from fedcluster_app.families.feddrift.wire import ERROR_RATES, PROBE_KIND, SELECT_BY, TRAIN_KIND
 
 

@@ -31,9 +31,9 @@ import dataclasses
 import numpy as np
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.handlers import Models
-from fedcluster_app.core.handlers import evaluate as plain_evaluate
-from fedcluster_app.core.stream_client import PERSONAL_KEY, StreamClient
+from fedcluster_app.core.client.handlers import Models
+from fedcluster_app.core.client.handlers import evaluate as plain_evaluate
+from fedcluster_app.core.client.stream_client import PERSONAL_KEY, StreamClient
 from fedcluster_app.core.training import sample_losses
 from fedcluster_app.families.fedrc.em import (
     estimate_omega,

@@ -37,7 +37,7 @@ from flwr.common.logger import log
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.strategy import ClusteredStrategy, RejectedReply, Reply, Task
+from fedcluster_app.core.server.strategy import ClusteredStrategy, RejectedReply, Reply, Task
 from fedcluster_app.families.fedrc import catalogue
 from fedcluster_app.families.fedrc import wire as C
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.strategy import (
+from fedcluster_app.core.server.strategy import (
     ClusteredStrategy,
     RejectedReply,
     Reply,

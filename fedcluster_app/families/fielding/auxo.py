@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from fedcluster_app.core.strategy import (
+from fedcluster_app.core.server.strategy import (
     ClusteredStrategy,
     Reply,
     Task,

@@ -35,8 +35,8 @@ from torch.nn import functional as F
 
 from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.handlers import Models
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.client.handlers import Models
+from fedcluster_app.core.client.stream_client import StreamClient
 from fedcluster_app.core.training import as_tensor
 from fedcluster_app.families.fielding.distances import distance
 from fedcluster_app.families.fielding.params import REPRESENTATIONS, FieldingParams

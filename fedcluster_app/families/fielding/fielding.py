@@ -54,7 +54,7 @@ from flwr.serverapp import Grid
 
 from fedcluster_app.core.config import ConfigError, TrainConfig
 from fedcluster_app.core.models import SPLIT_CONTRACT, build_model, get_weights
-from fedcluster_app.core.strategy import (
+from fedcluster_app.core.server.strategy import (
     ClusteredStrategy,
     Reply,
     Task,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.strategy import Reply
+from fedcluster_app.core.server.strategy import Reply
 from fedcluster_app.families.flexcfl import catalogue
 from fedcluster_app.families.flexcfl.migration import MigrationMixin
 from fedcluster_app.families.flexcfl.protocol import (

@@ -16,8 +16,8 @@ import dataclasses
 import numpy as np
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.batched import FitJob
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.client.batched import FitJob
+from fedcluster_app.core.client.stream_client import StreamClient
 from fedcluster_app.families.flexcfl.wire import PRETRAIN_ITERS, QUERY_PRETRAIN
 
 PRETRAIN_MODEL_SALT = 7_777   # model-id offset of the pre-training minibatch stream

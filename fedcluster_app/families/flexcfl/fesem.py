@@ -18,7 +18,7 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.strategy import (
+from fedcluster_app.core.server.strategy import (
     ClusteredStrategy,
     Reply,
     Task,

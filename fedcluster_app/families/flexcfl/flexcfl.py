@@ -35,7 +35,7 @@ from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.strategy import ClusteredStrategy, Reply, Task
+from fedcluster_app.core.server.strategy import ClusteredStrategy, Reply, Task
 from fedcluster_app.families.flexcfl import catalogue
 from fedcluster_app.families.flexcfl.grouping import (
     cosine,

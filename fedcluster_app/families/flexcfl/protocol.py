@@ -16,7 +16,7 @@ and FedAvg), so they see the same clients in the same rounds:
   round (``accuracy_<rule>``, ``weighted_accuracy_<rule>``), the run itself unchanged. Held-out
   clients never see those snapshots.
 
-The common scoring rule (``score-next-step = true``, core/protocol.py) is the base's, under the
+The common scoring rule (``score-next-step = true``, core/server/protocol.py) is the base's, under the
 ``eval-model`` rule: ``accuracy_current`` is ``accuracy`` (the same clients, the model that rule
 gives them), and at the last round of step t ``accuracy_next`` scores those clients and models
 on step t+1's held-out test split.
@@ -31,8 +31,8 @@ from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.messages import Reply, Task
-from fedcluster_app.core.protocol import Protocol, mean_accuracy, weighted_accuracy
+from fedcluster_app.core.server.messages import Reply, Task
+from fedcluster_app.core.server.protocol import Protocol, mean_accuracy, weighted_accuracy
 
 
 def num_groups(strategy) -> int:

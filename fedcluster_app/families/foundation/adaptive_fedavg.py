@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.strategy import Reply, Task
+from fedcluster_app.core.server.strategy import Reply, Task
 from fedcluster_app.families.foundation import catalogue
 from fedcluster_app.families.foundation.cfl import flatten
 from fedcluster_app.families.foundation.fedavg import FedAvg

@@ -32,7 +32,7 @@ import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import squareform
 
-from fedcluster_app.core.strategy import ClusteredStrategy, Reply
+from fedcluster_app.core.server.strategy import ClusteredStrategy, Reply
 from fedcluster_app.families.foundation import catalogue
 
 

@@ -18,7 +18,7 @@ FlexCFL's selection its FedAvg reference.
 from __future__ import annotations
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.strategy import ClusteredStrategy, Task
+from fedcluster_app.core.server.strategy import ClusteredStrategy, Task
 from fedcluster_app.families.foundation import catalogue
 
 

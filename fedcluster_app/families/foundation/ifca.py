@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.strategy import (
+from fedcluster_app.core.server.strategy import (
     ClusteredStrategy,
     Reply,
     Task,

@@ -10,7 +10,7 @@ id, and ``num_clusters`` and ``models_allocated`` count the personal models.
 
 from __future__ import annotations
 
-from fedcluster_app.core.strategy import ClusteredStrategy, Task
+from fedcluster_app.core.server.strategy import ClusteredStrategy, Task
 from fedcluster_app.families.foundation import catalogue
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.strategy import ClusteredStrategy
+from fedcluster_app.core.server.strategy import ClusteredStrategy
 from fedcluster_app.families.foundation import catalogue
 
 

@@ -4,7 +4,7 @@ handlers have.
 A handler turns one message into calls on this node's :class:`StreamClient` and returns
 ``(metrics, models, per-model metrics)`` or the same plus named arrays (``{name: arrays}``,
 the reply's ``extra.<name>``). A handler that trains is a generator: it ``yield``s its
-:class:`~fedcluster_app.core.batched.FitJob` list, receives one ``FitResult`` per job, and
+:class:`~fedcluster_app.core.client.batched.FitJob` list, receives one ``FitResult`` per job, and
 ``return``s its reply tuple; :func:`call` runs its jobs for this client alone and
 :func:`call_many` runs the jobs of many clients as one batched program. A family adds its own kinds in its ``client.py`` as a
 ``HANDLERS = {"train.<name>": fn, "query.<name>": fn, ...}`` table; the ClientApp registers
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.batched import run_jobs, run_jobs_batched
-from fedcluster_app.core.stream_client import StreamClient
+from fedcluster_app.core.client.batched import run_jobs, run_jobs_batched
+from fedcluster_app.core.client.stream_client import StreamClient
 
 Models = dict[int, list[np.ndarray]]
 Handler = Callable[[StreamClient, dict[str, Any], Models], tuple]

@@ -21,7 +21,7 @@ from torch import nn
 
 from fedcluster_app.core import codec
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.batched import FitJob, run_jobs
+from fedcluster_app.core.client.batched import FitJob, run_jobs
 from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.experiment import Experiment
 from fedcluster_app.core.models import (
@@ -166,7 +166,7 @@ class StreamClient(NumPyClient):
         return cap(metrics), {mid: cap(m) for mid, m in model_metrics.items()}
 
     def fit_job(self, parameters, config, **kw) -> FitJob:
-        """What ``fit`` trains, as a job a handler yields (``core/batched.py``): the model
+        """What ``fit`` trains, as a job a handler yields (``core/client/batched.py``): the model
         ``model-id`` on its data, minibatches drawn from this client's stream for that model."""
         mid = int(config.get(P.MODEL_ID, 0))
         x, y = self.fit_data(config, mid)

@@ -25,7 +25,7 @@ The loop (:meth:`ClusteredStrategy.run`), once per round r of step t::
     if r ends step t: end_step(t)
     a line in metrics.jsonl; a checkpoint every checkpoint-every rounds
 
-When and on what data is the protocol's (``self.protocol``, core/protocol.py): the plain round
+When and on what data is the protocol's (``self.protocol``, core/server/protocol.py): the plain round
 protocol by default, FedDrift's time-step protocol or FlexCFL's paper protocol for strategies
 that say so with ``protocol_factory``. What is the strategy's: these hooks, and its typed
 hyper-parameters (``Params``, read from the run-config table ``[tool.flwr.app.config.<table>]``).
@@ -54,7 +54,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedcluster_app.core import codec
 from fedcluster_app.core import flower_fast
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.checkpoint import (
+from fedcluster_app.core.server.checkpoint import (
     CHECKPOINT_FILE,
     check_same_run,
     checkpoint_file,
@@ -66,7 +66,7 @@ from fedcluster_app.core.checkpoint import (
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.experiment import Experiment
 from fedcluster_app.core.hparams import HParams, NoParams
-from fedcluster_app.core.messages import (
+from fedcluster_app.core.server.messages import (
     RejectedReply,
     Reply,
     Task,
@@ -81,7 +81,7 @@ from fedcluster_app.core.models import (
     weight_dtypes,
     weight_shapes,
 )
-from fedcluster_app.core.protocol import Protocol
+from fedcluster_app.core.server.protocol import Protocol
 from fedcluster_app.core.results import (
     RunRecorder,
     check_out_dir,
@@ -1073,7 +1073,7 @@ class SentModel:
                 and tuple(a.dtype for a in weights) == tuple(dtypes)):
             self.flat = np.concatenate([weights[i].ravel() for i in self.floats], dtype=np.float64)
             self.sizes = np.array([weights[i].size for i in self.floats], dtype=np.int64)
-        compiled = sys.modules.get("fedcluster_app.core.compiled_mlp")
+        compiled = sys.modules.get("fedcluster_app.core.client.compiled_mlp")
         if self.flat is not None and compiled is not None:
             # its norm against zeros: (0 - a)^2 is a^2, so the compiled sums give the same number
             zeros = np.zeros_like(self.flat)
@@ -1084,7 +1084,7 @@ class SentModel:
 
     def update_norm(self, weights: Weights) -> float:
         """``update_norm(weights, <this model>)`` for a checked reply's arrays: the same number."""
-        compiled = sys.modules.get("fedcluster_app.core.compiled_mlp")
+        compiled = sys.modules.get("fedcluster_app.core.client.compiled_mlp")
         if self.flat is None or compiled is None:
             return update_norm(weights, self.weights)
         flat = np.concatenate([weights[i].ravel() for i in self.floats], dtype=np.float64)

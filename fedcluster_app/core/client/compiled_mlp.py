@@ -1,5 +1,5 @@
 """The local training of stacked one-hidden-layer MLPs in compiled code (Numba), giving NumPy's
-numbers bit for bit: ``train_mlp`` and its loss ``mean_losses`` (``core/kernels.py``).
+numbers bit for bit: ``train_mlp`` and its loss ``mean_losses`` (``core/client/kernels.py``).
 
 It states NumPy's arithmetic operation by operation: the same IEEE operations in the same order
 (products summed with fused multiply-adds one term after the other, as OpenBLAS's
@@ -9,7 +9,7 @@ vectorised ``exp`` and ``log`` of its own, which can differ in the last bit, and
 trainer still gives libm's numbers (``tests/test_compiled.py``).
 
 Also here, on the same pairwise sum: ``squared_distances``, the squared norm of a model's update
-(``core/strategy.py``, ``SentModel``, which uses it once this module is loaded, i.e. where the
+(``core/server/strategy.py``, ``SentModel``, which uses it once this module is loaded, i.e. where the
 trainer runs). One module for both: Numba's disk cache tracks only the file a cached function is
 defined in, so a loop and the helpers it inlines stay in one file.
 

@@ -2,7 +2,7 @@
 
 A strategy says *what* its algorithm does (which models exist, who is assigned to which, how
 replies are aggregated); its protocol says *when and on what data*: the round loop of
-:class:`~fedcluster_app.core.strategy.ClusteredStrategy` asks the protocol how many rounds there
+:class:`~fedcluster_app.core.server.strategy.ClusteredStrategy` asks the protocol how many rounds there
 are, which step a round belongs to, which rounds evaluate and how, and lets it decorate and
 account for every message. The same algorithm class can therefore run under several protocols:
 ``fedavg`` and FedDrift's ``window`` are one FedAvg under two of them.
@@ -50,7 +50,7 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.messages import Reply, Task
+from fedcluster_app.core.server.messages import Reply, Task
 
 
 class Protocol:

@@ -83,7 +83,7 @@ def numpy_train_many(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], 
 
 
 def _train_stacked(jobs: list[TrainJob], cfg) -> list[tuple[list[np.ndarray], float]]:
-    from fedcluster_app.core import compiled_mlp as compiled     # Numba, loaded on first use
+    from fedcluster_app.core.client import compiled_mlp as compiled     # Numba, loaded on first use
 
     M = len(jobs)
     shapes = [np.asarray(w).shape for w in jobs[0][0]]

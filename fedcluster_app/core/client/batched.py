@@ -1,14 +1,14 @@
 """Local training as jobs: one client's path, and many clients' jobs as one batched program.
 
 A handler that trains does not call the trainer itself: it ``yield``s its :class:`FitJob` list
-and receives one :class:`FitResult` per job (see ``core/handlers.py``). Run per client, the
+and receives one :class:`FitResult` per job (see ``core/client/handlers.py``). Run per client, the
 jobs go through exactly the code they always did (``training.local_train`` or the NumPy MLP
 kernel). Run batched (``batch-clients = true``, the in-process engine), the jobs of every
 client of a round are grouped by what must agree for them to share one program (model,
 training config, minibatch sizes) and each group trains at once:
 
 * NumPy-kernel jobs (the built-in one-hidden-layer MLP of the FedDrift family) stack into the
-  kernel of ``core/kernels.py``: one NumPy call per step for all clients' models;
+  kernel of ``core/client/kernels.py``: one NumPy call per step for all clients' models;
 * PyTorch jobs stack their parameters over the jobs and run ``torch.func.functional_call``
   under ``vmap``: one forward and backward pass and one optimizer step per minibatch for all.
   The loss is the sum of the jobs' losses, so the gradient of each job's slice is that job's
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from fedcluster_app.core import kernels
+from fedcluster_app.core.client import kernels
 from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.models import (
     ModelSpec,
@@ -68,7 +68,7 @@ class FitJob:
     sample_weights: np.ndarray | None = None
     prox_center: list[np.ndarray] | None = None
     # optimizer-state = "step": the optimizer state to continue from ({} = fresh), replaced by
-    # the state after training (the client keeps it: core/handlers.py); None = not kept
+    # the state after training (the client keeps it: core/client/handlers.py); None = not kept
     optimizer_state: OptimizerState | None = None
 
 
