@@ -38,6 +38,7 @@ SAFE_ON_RESUME = frozenset({
     "device", "data-dir",                         # the hardware, where the same data live here
     "batch-clients",                              # clients trained batched or one by one
     "deterministic",                              # cuDNN's algorithms on a GPU
+    "tracking", "tracking-uri",                   # where else the run is logged
 })
 
 

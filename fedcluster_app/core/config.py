@@ -38,6 +38,9 @@ MAX_SAMPLES = 1_000_000
 #: robust-aggregation values: none (the weighted mean), or Flower's coordinate-wise rules
 ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean")
 
+#: where else a run may be logged (run-config key tracking; core/results/tracking.py)
+TRACKING_BACKENDS = ("mlflow", "tensorboard", "csv")
+
 
 class ConfigError(ValueError):
     """A run-config value is invalid; the message names the key."""
@@ -204,7 +207,14 @@ class RunConfig:
     overwrite: bool
     plot: bool
     progress: bool
+    tracking: str
+    tracking_uri: str
     raw: dict[str, ConfigValue] = field(default_factory=dict, compare=False)
+
+    @property
+    def tracking_backends(self) -> tuple[str, ...]:
+        """The backends ``tracking`` names, in its order (validated by :func:`validate`)."""
+        return tracking_backends(self.tracking)
 
     @property
     def effective_data_seed(self) -> int:
@@ -326,6 +336,7 @@ def validate(cfg: RunConfig) -> None:
         if not ok:
             raise ConfigError(message)
     _validate_data_keys(cfg)
+    _validate_tracking(cfg)
     if cfg.schedule and not Path(cfg.schedule).is_file():
         from fedcluster_app.core.data.schedules import bundled_schedule_names
 
@@ -360,6 +371,28 @@ def _validate_data_keys(cfg: RunConfig) -> None:
                 check(value)
             except ValueError as exc:  # the message names the key
                 raise ConfigError(str(exc)) from None
+
+
+def tracking_backends(value: str) -> tuple[str, ...]:
+    """``"mlflow, tensorboard"`` -> ``("mlflow", "tensorboard")``: the comma-separated names
+    of the run-config key ``tracking`` (a run config holds no lists), each once."""
+    names = [n.strip().lower() for n in str(value).split(",")]
+    return tuple(dict.fromkeys(n for n in names if n))
+
+
+def _validate_tracking(cfg: RunConfig) -> None:
+    """Names only: whether a backend is installed and its URI reachable is the server's
+    question (``results.tracking.check``), since clients never log to it."""
+    backends = cfg.tracking_backends
+    for name in backends:
+        if name not in TRACKING_BACKENDS:
+            raise ConfigError(f"tracking: unknown backend {name!r}"
+                              f"{suggest(name, list(TRACKING_BACKENDS))}; valid: "
+                              f"{', '.join(TRACKING_BACKENDS)} (comma-separated, e.g. "
+                              f"\"mlflow,tensorboard\"), or \"\" for none")
+    if cfg.tracking_uri.strip() and "mlflow" not in backends:
+        raise ConfigError(f"tracking-uri = {cfg.tracking_uri!r} is MLflow's and would be ignored: "
+                          f"tracking = {cfg.tracking!r} does not name mlflow")
 
 
 def _positive(x: float) -> bool:

@@ -62,7 +62,7 @@ from fedcluster_app.core.checkpoint import (
     write_checkpoint,
 )
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.experiment import Experiment
+from fedcluster_app.core.experiment import Experiment, data_fingerprint, resolved_config
 from fedcluster_app.core.hparams import HParams, NoParams
 from fedcluster_app.core.messages import (
     RejectedReply,
@@ -907,7 +907,11 @@ class ClusteredStrategy(Strategy):
     def open_recorder(self, out: Path) -> RunRecorder:
         self.check_writable(out)
         return RunRecorder(out, strategy=self.name, scenario=self.exp.scenario.name,
-                           seed=self.cfg.seed, config=dict(self.cfg.raw), resume=self.round > 0)
+                           seed=self.cfg.seed, config=dict(self.cfg.raw), resume=self.round > 0,
+                           resolved_config={**resolved_config(self.exp), "out-dir": str(out)},
+                           data_fingerprint=data_fingerprint(self.exp.scenario),
+                           tracking=self.cfg.tracking_backends,
+                           tracking_uri=self.cfg.tracking_uri)
 
     def state_dict(self) -> tuple[dict[str, Any], dict[int, Weights]]:
         scenario = self.exp.scenario
