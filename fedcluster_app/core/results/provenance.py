@@ -26,12 +26,16 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-@lru_cache(maxsize=1)
-def git_commit() -> dict[str, object] | None:
-    """``{"commit": sha, "dirty": tracked files changed}`` of the checkout the running
-    fedcluster package lies in, or None (an installed wheel, no git, not its own repository:
-    a package inside some other project's tree does not take that project's commit)."""
-    source = Path(__file__).resolve().parents[3]    # the folder that holds fedcluster_app/
+#: the folder that holds fedcluster_app/: a git checkout's root when run from one
+SOURCE = Path(__file__).resolve().parents[3]
+
+
+@lru_cache(maxsize=8)
+def git_commit(source: Path = SOURCE) -> dict[str, object] | None:
+    """``{"commit": sha, "dirty": tracked files changed}`` of the checkout whose root is
+    ``source``, or None (an installed wheel, no git, not a repository's root: a package inside
+    some other project's tree does not take that project's commit)."""
+    source = Path(source).resolve()
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(source), *args], capture_output=True,
