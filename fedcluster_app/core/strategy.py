@@ -763,6 +763,8 @@ class ClusteredStrategy(Strategy):
         extra = {"wall_time_s": time.monotonic() - t0, "out_dir": str(out),
                  "num_clients": self.exp.scenario.num_clients,
                  "num_steps": self.exp.scenario.num_steps,
+                 "round_protocol": self.protocol.name,
+                 "accuracy_rule": self.protocol.accuracy_rule,
                  **({"resumed_after_round": resumed_after} if resumed_after else {}),
                  **self.protocol.summary_extra(), **self.summary_extra()}
         status, reason = self.health()
