@@ -105,3 +105,16 @@ def test_an_older_summary_without_the_new_fields_still_loads_and_reports(run, tm
     (old / "summary.json").write_text(json.dumps(stripped))
     assert load_run(old)[0] == stripped
     assert "| old |" in compare_runs([old, out])
+
+
+@pytest.mark.parametrize("strategy, extra, rule", [
+    ("fedavg", {}, "current step"),
+    ("feddrift", {}, "next step"),
+    ("flexcfl", {"flexcfl.eval-model": "last_received"}, "current step, model last received"),
+])
+def test_the_summary_names_the_protocol_and_what_its_accuracy_measures(fast_config, strategy,
+                                                                       extra, rule):
+    summary = run_inprocess(fast_config(strategy=strategy, **extra))
+    assert summary["accuracy_rule"] == rule
+    assert summary["round_protocol"] == {"fedavg": "rounds", "feddrift": "time-step",
+                                         "flexcfl": "flexcfl-selection"}[strategy]
