@@ -200,3 +200,13 @@ def test_the_cli_refuses_a_bad_backend_with_exit_2(tmp_path, capsys):
     assert code == 2
     assert "did you mean 'tensorboard'?" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("uri, why", [
+    ("file:///tmp/mlruns", "MLflow's file store is retired"),
+    ("./mlruns", "MLflow's file store is retired"),
+    ("sqlite:////no/such/folder/mlflow.db", "the directory /no/such/folder does not exist"),
+])
+def test_a_tracking_uri_mlflow_cannot_use_is_refused(uri, why):
+    with pytest.raises(ConfigError, match=f"tracking-uri = {uri!r}: {why}"):
+        tracking.check(("mlflow",), uri)
