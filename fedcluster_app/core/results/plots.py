@@ -85,8 +85,9 @@ def plot_history(records: list[dict], title: str, out_path: Path) -> Path:
         lo, hi = min(xs), max(xs)
         ax.set_xlim(lo - 0.5, hi + 0.5)
 
-    if handles:
-        ax.legend(handles=handles, loc="lower right", fontsize="small")
+    if handles:   # under the axes: it hides no curve (a drift's dip fills the lower right)
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                  ncol=len(handles), fontsize="small", frameon=False)
     return save_png(fig, out_path)
 
 
