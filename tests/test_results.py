@@ -779,6 +779,13 @@ def test_runs_of_different_scoring_rules_never_share_an_accuracy_column(tmp_path
     data = json.loads(compare_runs([tmp_path / d for d in ("avg", "fd", "old-fd")], fmt="json"))
     assert [r["accuracy_rule"] for r in data["runs"]] == ["current step", "next step",
                                                           "next step"]
+    import pandas as pd
+
+    table = pd.read_csv(io.StringIO(compare_runs([tmp_path / "avg", tmp_path / "fd"],
+                                                 fmt="csv")))
+    assert table["final_accuracy [current step]"].tolist()[0] == 0.8
+    assert math.isnan(table["final_accuracy [current step]"].tolist()[1])
+    assert table["final_accuracy [next step]"].tolist()[1] == 0.6
 
 
 def test_the_common_rule_gets_its_own_columns(tmp_path):
@@ -803,7 +810,8 @@ def test_report_formats_csv_and_json_carry_the_same_numbers(tmp_path):
     table = pd.read_csv(io.StringIO(compare_runs(dirs, fmt="csv")))
     data = json.loads(compare_runs(dirs, fmt="json"))
     assert table["run"].tolist() == [r["run"] for r in data["runs"]] == ["avg", "fld"]
-    assert table["mean_accuracy"].tolist() == pytest.approx([0.65, 0.7875])
+    assert table["mean_accuracy [current step]"].tolist() == pytest.approx([0.65, 0.7875])
+    assert "mean_accuracy" not in table
     assert table["accuracy_rule"].tolist() == ["current step"] * 2
     assert data["runs"][1]["final_accuracy"] == pytest.approx(0.9)
     # target 0.81: FedAvg never holds it (an empty cell, null in JSON), Fielding from round 3

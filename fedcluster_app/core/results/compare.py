@@ -290,7 +290,8 @@ def compare_runs(run_dirs: list, out_path: str | os.PathLike | None = None,
                  fmt: str = "md") -> str:
     """The comparison of runs as ``fmt`` (:data:`FORMATS`): ``md`` a per-run table, a
     per-(strategy, scenario, rule) table and the time to target; ``csv`` one row per run (its
-    time to target included); ``json`` ``{"runs", "time_to_target"}``.
+    accuracy columns per rule as in the tables, its time to target included); ``json``
+    ``{"runs", "time_to_target"}``, each run with its ``accuracy_rule``.
 
     The group table gives mean ± sample std (ddof=1) over the group's runs of each metric,
     ignoring null values (then "(n=k)" tells how many runs had one). If ``out_path`` is given a
@@ -314,9 +315,16 @@ def compare_runs(run_dirs: list, out_path: str | os.PathLike | None = None,
     if fmt == "csv":
         import pandas as pd
 
+        # as in the tables: an accuracy column per scoring rule, empty for another rule's runs
+        rules, _ = _rule_columns(rows)
         by_run = {r["run"]: r for r in tt_rows}
-        merged = [{**r, **{k: v for k, v in by_run.get(r["run"], {}).items()
-                           if k not in r}} for r in rows]
+        merged = []
+        for r in rows:
+            row = {k: v for k, v in r.items() if k not in RULE_KEYS}
+            row.update({f"{k} [{rule}]": r[k] if r["accuracy_rule"] == rule else None
+                        for rule in rules for k in RULE_KEYS})
+            merged.append({**row, **{k: v for k, v in by_run.get(r["run"], {}).items()
+                                     if k not in row}})
         buf = io.StringIO()
         pd.DataFrame(merged).to_csv(buf, index=False)
         return buf.getvalue()
