@@ -145,16 +145,25 @@ def test_a_resumed_run_leaves_each_destination_with_every_round_once(fast_config
     assert pd.read_csv(out / "metrics.csv")["round"].tolist() == list(range(1, 13))
 
 
-def test_a_tracking_uri_is_where_mlflow_logs(fast_config, tmp_path):
-    store = tmp_path / "team"
+def test_a_tracking_uri_is_where_mlflow_logs(fast_config, tmp_path, monkeypatch):
+    """A shared SQLite store gets the run, its artefacts beside it: nothing in the run
+    directory's own store, nothing in the current directory."""
+    store, cwd = tmp_path / "team", tmp_path / "cwd"
     store.mkdir()
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     uri = f"sqlite:///{store / 'mlflow.db'}"
     summary = run_inprocess(fast_config(tracking="mlflow", tracking_uri=uri))
     from mlflow.tracking import MlflowClient
 
-    run = MlflowClient(tracking_uri=uri).get_run(summary["tracking"]["mlflow_run_id"])
+    client = MlflowClient(tracking_uri=uri)
+    run_id = summary["tracking"]["mlflow_run_id"]
+    run = client.get_run(run_id)
     assert run.data.metrics["accuracy"] == load_run(summary["out_dir"])[1][-1]["accuracy"]
+    assert "summary.json" in {f.path for f in client.list_artifacts(run_id)}
+    assert (store / "mlartifacts").is_dir()
     assert not (Path(summary["out_dir"]) / "mlflow.db").exists()
+    assert list(cwd.iterdir()) == []
 
 
 # ------------------------------------------------------------------------------- bad input

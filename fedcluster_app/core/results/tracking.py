@@ -226,14 +226,19 @@ class MLflowTracker(Tracker):
             self.client = MlflowClient(tracking_uri=self.uri)
             found = self.client.get_experiment_by_name(MLFLOW_EXPERIMENT)
             self.experiment_id = found.experiment_id if found is not None else (
-                self.client.create_experiment(
-                    MLFLOW_EXPERIMENT,
-                    # a local store keeps its artefacts beside it, not in the current directory
-                    artifact_location=(None if uri.strip() else
-                                       (out_dir / MLFLOW_ARTIFACTS).resolve().as_uri())))
+                self.client.create_experiment(MLFLOW_EXPERIMENT,
+                                              artifact_location=self._artifact_location()))
         except Exception as exc:   # any failure to reach the store: refused before round 1
             raise ConfigError(f"tracking-uri = {self.uri!r}: MLflow cannot use this store "
                               f"({type(exc).__name__}: {exc})") from None
+
+    def _artifact_location(self) -> str | None:
+        """A SQLite store keeps its artefacts beside it (MLflow's default is ``./mlartifacts``
+        of the current directory, wherever a run is started); a server decides itself."""
+        if not self.uri.startswith("sqlite:///"):
+            return None
+        db = Path(self.uri[len("sqlite:///"):]).resolve()
+        return (db.parent / MLFLOW_ARTIFACTS).as_uri()
 
     def begin(self, records: list[dict]) -> None:
         from mlflow.entities import Param
