@@ -219,3 +219,26 @@ def test_the_cli_refuses_a_bad_backend_with_exit_2(tmp_path, capsys):
 def test_a_tracking_uri_mlflow_cannot_use_is_refused(uri, why):
     with pytest.raises(ConfigError, match=f"tracking-uri = {uri!r}: {why}"):
         tracking.check(("mlflow",), uri)
+
+
+def test_a_server_that_is_not_mlflow_refuses_the_run_before_round_1(fast_config):
+    """Something answers at the URI, but not MLflow's API: refused, naming the key."""
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    cfg = fast_config(tracking="mlflow", tracking_uri=uri)
+    try:
+        with pytest.raises(ConfigError, match=f"tracking-uri = '{uri}': MLflow cannot use this "
+                                              f"store .*404"):
+            run_inprocess(cfg)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not Path(cfg["out-dir"]).exists()          # nothing written

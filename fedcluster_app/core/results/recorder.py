@@ -124,10 +124,11 @@ class RunRecorder:
         self._t0 = time.monotonic()
         self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        # first: a store that cannot be used refuses the run before the directory is made
         self._trackers: list[Tracker] = open_trackers(
             tuple(tracking), tracking_uri, self.out_dir, params=self.resolved_config,
             tags={"strategy": self.strategy, "scenario": self.scenario, "seed": str(self.seed)})
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         self._trackers_begun = False
         self._records: list[dict] = []
         self._pending_truncation = False

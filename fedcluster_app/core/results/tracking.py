@@ -222,6 +222,8 @@ class MLflowTracker(Tracker):
         super().__init__(out_dir, uri=uri, **kwargs)
         self.uri = uri.strip() or local_mlflow_uri(out_dir)
         self.run_id: str | None = None
+        if not uri.strip():
+            out_dir.mkdir(parents=True, exist_ok=True)   # the local store's folder
         try:
             self.client = MlflowClient(tracking_uri=self.uri)
             found = self.client.get_experiment_by_name(MLFLOW_EXPERIMENT)
