@@ -76,6 +76,7 @@ def test_mlflow_store_holds_metrics_jsonl_config_and_artefacts(tracked_run):
     assert params["hidden"] == str(summary["resolved_config"]["hidden"]) != "0"
     assert len(params) == len(summary["resolved_config"])
     assert run.data.tags["strategy"] == "ifca" and run.data.tags["seed"] == "0"
+    assert run.data.tags["status"] == "completed"
     assert {f.path for f in client.list_artifacts(run_id)} == {
         "summary.json", "metrics.jsonl", "plot.png", "checkpoint.npz"}
     # the local store lies in the run directory, its artefacts beside it: no server, no cwd file

@@ -268,13 +268,14 @@ class MLflowTracker(Tracker):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 
     def finish(self, summary: dict, files: list[Path]) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric, RunTag
 
         if self.run_id is None:
             return
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[
-            Metric(f"summary.{k}", float(v), now, 0) for k, v in summary.items() if is_number(v)])
+            Metric(f"summary.{k}", float(v), now, 0) for k, v in summary.items() if is_number(v)],
+            tags=[RunTag("status", str(summary.get("status")))])   # completed / degraded / failed
         for path in files:
             if path.is_file():
                 self.client.log_artifact(self.run_id, str(path))
