@@ -142,8 +142,11 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--plot", type=Path, help="where to write the comparison plot")
     rep.add_argument("--baseline", help="strategy whose run is the time-to-target reference "
                      "(default: fedavg or fedprox runs of the same scenario and seed)")
-    rep.add_argument("--target", type=float, help="target accuracy (default: the highest "
-                     "accuracy every compared run of the scenario and seed holds to its end)")
+    rep.add_argument("--target", type=float, help="target accuracy (default: 0.9 x the highest "
+                     "accuracy a compared run of the scenario, seed and scoring rule holds to "
+                     "its end)")
+    rep.add_argument("--format", choices=("md", "csv", "json"), default="md",
+                     help="md: tables (default); csv: one row per run; json: every number")
     exp = sub.add_parser("export", help="write a run's cluster models (safetensors state_dicts, "
                          "TorchScript) and a manifest that load without fedcluster "
                          "(docs/export.md)")
@@ -470,9 +473,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from fedcluster_app.core.results import compare_runs
 
-    print(compare_runs(args.dirs, out_path=args.plot, baseline=args.baseline, target=args.target))
-    if args.plot:
-        print(f"\nplot: {args.plot}")
+    print(compare_runs(args.dirs, out_path=args.plot, baseline=args.baseline, target=args.target,
+                       fmt=args.format), end="")
+    if args.plot:   # csv and json stay machine-readable on stdout
+        print(f"\nplot: {args.plot}", file=sys.stdout if args.format == "md" else sys.stderr)
     return 0
 
 

@@ -27,7 +27,6 @@ import json
 import shutil
 import warnings
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from torch import nn
 
 from fedcluster_app.api import build_strategy, run_config_defaults
 from fedcluster_app.core import codec
+from fedcluster_app.core.results.provenance import package_versions
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.server.checkpoint import checkpoint_file, read_checkpoint, read_client_states
 from fedcluster_app.core.config import ConfigError, merge_overrides
@@ -55,7 +55,6 @@ PERSONAL_MODEL = "personal-model"
 PERSONAL_CLASSIFIER = "personal-classifier"
 CLASSIFIER = ("classifier.weight", "classifier.bias")
 #: packages whose versions the manifest records
-PACKAGES = ("fedcluster", "flwr", "torch", "numpy", "safetensors")
 
 
 @dataclass
@@ -254,15 +253,5 @@ def manifest_of(run: TrainedRun, models: dict, personal: dict) -> dict[str, Any]
         "assignments": {str(c): m for c, m in run.assignments().items()},
         "soft_assignments": soft,
         "personal": personal,
-        "versions": package_versions(),
+        "versions": package_versions("safetensors"),
     }
-
-
-def package_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {}
-    for dist in PACKAGES:
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = None
-    return out

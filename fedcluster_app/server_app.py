@@ -12,7 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedcluster_app.api import build_strategy
 from fedcluster_app.core.config import ConfigValue
 from fedcluster_app.core.experiment import load_experiment
-from fedcluster_app.core.results import read_summary
+from fedcluster_app.core.results import read_summary, tracking
 from fedcluster_app.core.server.strategy import ClusteredStrategy, resolve_out_dir
 
 app = ServerApp()
@@ -24,12 +24,14 @@ def prepare(run_config: dict[str, ConfigValue]) -> tuple[ClusteredStrategy, dict
     """The run's strategy, resumed from its checkpoint when the run config says so, and the
     summary of the run when it had already finished (nothing left to do), else None.
 
-    Every refusal happens here, before any file is written or touched: bad configuration; a
+    Every refusal happens here, before any file is written or touched: bad configuration (a
+    tracking backend not installed or not answering included); a
     checkpoint that is corrupt, of another strategy or scenario, or of another run config
     (``check_same_run``); an ``out-dir`` that holds another finished run (``overwrite``).
     The CLI calls this too, before it starts anything.
     """
     exp = load_experiment(run_config, server=True)
+    tracking.check(exp.cfg.tracking_backends, exp.cfg.tracking_uri)
     strategy = build_strategy(exp)
     if exp.cfg.resume_from:
         strategy.load_checkpoint(Path(exp.cfg.resume_from))

@@ -52,6 +52,7 @@ RUN = block("Run")
 BRING_YOUR_OWN = block("Bring your own model, data, strategy and GPU")
 BENCH_QUICK = [c for c in block("Benchmark") if c.startswith("fedcluster bench --quick")]
 EXPORT = block("Export and serve")
+TRACKING = block("Follow a run in MLflow / TensorBoard")
 
 
 def test_the_readme_blocks_hold_the_commands_these_tests_run():
@@ -59,6 +60,7 @@ def test_the_readme_blocks_hold_the_commands_these_tests_run():
     assert len(BRING_YOUR_OWN) >= 5 and all(c.startswith("fedcluster run ") for c in BRING_YOUR_OWN)
     assert any("--engine ray" in c for c in BRING_YOUR_OWN)
     assert len(BENCH_QUICK) == 1
+    assert TRACKING[0].startswith("fedcluster run ") and "tracking=" in TRACKING[0]
 
 
 def run_name(command: str, clone: Path) -> str:
@@ -195,3 +197,27 @@ def test_the_strategy_table_lists_every_registered_strategy():
     keys = set(run_config_defaults())
     named = {t for names in rows.values() for t in names if re.fullmatch(r"[a-z0-9-]+", t)}
     assert named - set(STRATEGIES) - keys == set(), "README names strategies that do not exist"
+def test_the_tracking_block(fresh_clone):
+    """A run logged to MLflow's local store, TensorBoard's event files and metrics.csv, read
+    back as the README shows: MLflow's run with the resolved config and the last accuracy,
+    TensorBoard's accuracy curve equal to metrics.jsonl's; nothing written into the clone."""
+    import ast
+
+    outputs = []
+    for command in TRACKING:
+        proc = fresh_clone.sh(command)
+        assert proc.returncode == 0, f"{command}\n{(proc.stdout + proc.stderr)[-3000:]}"
+        outputs.append(proc.stdout)
+    out = fresh_clone.path / "runs" / "tracked"
+    check_run(out, outputs[0])
+    assert (out / "metrics.csv").stat().st_size > 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [(r["round"], r["accuracy"]) for r in records if r["accuracy"] is not None]
+    mlflow_row = outputs[1].splitlines()[1].split()
+    # run name, the scenario's samples-per-step (the config says 0), the last accuracy
+    assert mlflow_row[1:3] == ["tracked", "200"]
+    assert float(mlflow_row[3]) == pytest.approx(evaluated[-1][1], abs=1e-6)
+    curve = ast.literal_eval(outputs[2].strip())
+    assert [s for s, _ in curve] == [s for s, _ in evaluated]
+    assert [v for _, v in curve] == pytest.approx([a for _, a in evaluated], abs=1e-3)
+    assert fresh_clone.changed_files() == ""

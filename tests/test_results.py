@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -575,9 +576,9 @@ def test_compare_runs_two_strategies_two_seeds(tmp_path):
     first = runs[0]
     assert first["strategy"] == "ifca" and first["scenario"] == "circle2"
     assert first["seed"] == "0" and first["rounds"] == "4"
-    assert first["mean_accuracy"] == f"{(0.6 + 0.8 + 0.8) / 3:.4f}"
-    assert first["mean_accuracy_after_drift"] == "0.8000"
-    assert first["final_accuracy"] == "0.8000"
+    assert first["mean_accuracy [current step]"] == f"{(0.6 + 0.8 + 0.8) / 3:.4f}"
+    assert first["mean_accuracy_after_drift [current step]"] == "0.8000"
+    assert first["final_accuracy [current step]"] == "0.8000"
     assert first["ari_final"] == "0.5000"
     assert first["MB (up+down)"] == "12.00"  # 4 rounds x 3 MB
     assert first["status"] == "completed"
@@ -594,17 +595,17 @@ def test_compare_runs_two_strategies_two_seeds(tmp_path):
         return f"{(a + b) / 2:.4f} ± {abs(a - b) / math.sqrt(2):.4f}"  # sample std, n=2
 
     ifca, fedavg = groups
-    assert ifca["mean_accuracy"] == ms(2.2 / 3, 2.6 / 3)
-    assert ifca["mean_accuracy_after_drift"] == ms(0.8, 1.0) == "0.9000 ± 0.1414"
-    assert ifca["final_accuracy"] == ms(0.8, 1.0)
+    assert ifca["mean_accuracy [current step]"] == ms(2.2 / 3, 2.6 / 3)
+    assert ifca["mean_accuracy_after_drift [current step]"] == ms(0.8, 1.0) == "0.9000 ± 0.1414"
+    assert ifca["final_accuracy [current step]"] == ms(0.8, 1.0)
     assert ifca["ari_final"] == ms(0.5, 1.0) == "0.7500 ± 0.3536"
-    assert fedavg["mean_accuracy"] == ms(0.5, 0.5) == "0.5000 ± 0.0000"
-    assert fedavg["mean_accuracy_after_drift"] == ms(0.5, 0.4) == "0.4500 ± 0.0707"
-    assert fedavg["final_accuracy"] == ms(0.5, 0.4)
+    assert fedavg["mean_accuracy [current step]"] == ms(0.5, 0.5) == "0.5000 ± 0.0000"
+    assert fedavg["mean_accuracy_after_drift [current step]"] == ms(0.5, 0.4) == "0.4500 ± 0.0707"
+    assert fedavg["final_accuracy [current step]"] == ms(0.5, 0.4)
     assert fedavg["ari_final"] == "n/a"
 
     # numbers agree with numpy's sample std
-    assert ifca["final_accuracy"] == (
+    assert ifca["final_accuracy [current step]"] == (
         f"{np.mean([0.8, 1.0]):.4f} ± {np.std([0.8, 1.0], ddof=1):.4f}"
     )
     assert_png(out_png)
@@ -622,8 +623,8 @@ def test_compare_runs_partial_nulls_single_runs_and_plot(tmp_path):
     assert [r["run"] for r in runs] == ["x/run", "y/run", "single"]
     groups = _table_rows(text, "## By strategy and scenario")
     assert groups[0]["ari_final"] == "1.0000 (n=1)"
-    assert groups[0]["mean_accuracy_after_drift"] == "n/a"
-    assert groups[1]["n seeds"] == "1" and groups[1]["final_accuracy"] == "0.4000"
+    assert groups[0]["mean_accuracy_after_drift [current step]"] == "n/a"
+    assert groups[1]["n seeds"] == "1" and groups[1]["final_accuracy [current step]"] == "0.4000"
     assert_png(tmp_path / "c.png")
 
     # every group a single run: one line per run
@@ -692,29 +693,175 @@ def test_long_runs_get_a_progress_bar_on_their_round_lines():
     assert "%" not in short
 
 
+def _ttt_rows(text):
+    section = text.split("## Time to target accuracy")[1]
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in section.splitlines()[4:] if line.startswith("| ")}   # after the header
+
+
 def test_report_shows_the_time_to_target_speed_up_over_the_global_model(tmp_path):
     make_run(tmp_path / "avg", "fedavg", "s", 0, [0.5, 0.6, 0.7, 0.8])
     make_run(tmp_path / "fld", "fielding", "s", 0, [0.6, 0.8, 0.85, 0.9])
     make_run(tmp_path / "slow", "auxo", "s", 0, [0.1, 0.2, 0.3, 0.79])
     make_run(tmp_path / "other", "fielding", "t", 0, [0.9, 0.9, 0.9, 0.9])   # no baseline
-    text = results.compare_runs([tmp_path / d for d in ("avg", "fld", "slow", "other")])
-    section = text.split("## Time to target accuracy")[1]
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in section.splitlines() if line.startswith("| ") and "---" not in line}
-    # target = 0.79, the highest accuracy all three runs of scenario s hold to their end (auxo's
-    # final): FedAvg at round 4, Fielding at round 2 (speed-up 2.00), auxo at round 4
-    assert rows["fld"] == ["fielding", "0.7900", "2", "4.0", "2.00", "2.00"]
-    assert rows["avg"] == ["fedavg", "0.7900", "4", "8.0", "1.00", "1.00"]
-    assert rows["slow"][1:3] == ["0.7900", "4"]
+    dirs = [tmp_path / d for d in ("avg", "fld", "slow", "other")]
+    rows = _ttt_rows(results.compare_runs(dirs, target=0.75))
+    # FedAvg holds 0.75 from round 4, Fielding from round 2 (speed-up 2.00), auxo from round 4
+    assert rows["fld"] == ["fielding", "current step", "0.7500", "2", "4.0", "2.00", "2.00"]
+    assert rows["avg"] == ["fedavg", "current step", "0.7500", "4", "8.0", "1.00", "1.00"]
+    assert rows["slow"][2:4] == ["0.7500", "4"]
     assert "other" not in rows
     # an explicit target that a run does not reach says so; another baseline
-    text = results.compare_runs([tmp_path / d for d in ("avg", "fld", "slow")], target=0.8)
-    section = text.split("## Time to target accuracy")[1]
-    assert [line for line in section.splitlines() if line.startswith("| slow ")][0].split(
-        "|")[4].strip() == "not reached"
+    rows = _ttt_rows(results.compare_runs(dirs[:3], target=0.8))
+    assert rows["slow"][3:] == ["not reached", "n/a", "not reached", "not reached"]
     text = results.compare_runs([tmp_path / "avg", tmp_path / "fld"], baseline="fedavg", target=0.6)
     assert "| fld " in text.split("## Time to target accuracy")[1]
+
+
+def test_time_to_target_defaults_to_a_share_of_the_best_run_and_never_beats_a_collapsed_baseline(
+        tmp_path):
+    """The default target is 0.9 x the highest accuracy a run holds to its end (Fielding's
+    0.9: 0.81), not the lowest (a collapsed FedAvg's 0.474 made every run 'reach' it and gave
+    Fielding a speed-up against it); a baseline that never holds the target gives no speed-up."""
+    make_run(tmp_path / "avg", "fedavg", "s", 0, [0.5, 0.8, 0.85, 0.474])
+    make_run(tmp_path / "fld", "fielding", "s", 0, [0.6, 0.85, 0.88, 0.9])
+    make_run(tmp_path / "weak", "local", "s", 0, [0.6, 0.7, 0.7, 0.7])
+    rows = _ttt_rows(results.compare_runs([tmp_path / d for d in ("avg", "fld", "weak")]))
+    assert rows["fld"] == ["fielding", "current step", "0.8100", "2", "4.0",
+                           "fedavg not reached", "fedavg not reached"]
+    assert rows["avg"][3:] == ["not reached", "n/a", "not reached", "not reached"]
+    assert rows["weak"][3] == "not reached"
+    data = json.loads(results.compare_runs([tmp_path / d for d in ("avg", "fld")], fmt="json"))
+    fld = next(r for r in data["time_to_target"] if r["run"] == "fld")
+    assert fld["target"] == pytest.approx(0.81) and fld["speedup_rounds"] is None
+    assert fld["baseline_reached"] is False and fld["rounds_to_target"] == 2
+
+
     assert results.held_accuracy([{"round": 1, "accuracy": 0.9}, {"round": 2, "accuracy": 0.5},
                                   {"round": 3, "accuracy": 0.7}]) == 0.7
     assert results.rounds_to_target([{"round": 1, "accuracy": 0.7}, {"round": 2, "accuracy": 0.5},
                                      {"round": 3, "accuracy": 0.9}], 0.6) == 3
+
+
+# --------------------------------------------------------------------------------------------
+# fedcluster report: scoring rules, formats, line styles
+# --------------------------------------------------------------------------------------------
+
+
+def make_rule_run(out_dir, strategy, accs, rule=None, seed=0, **extra):
+    r = RunRecorder(out_dir, strategy=strategy, scenario="circle2", seed=seed, config=CONFIG)
+    for i, a in enumerate(accs, start=1):
+        r.log_round(rec(i, a, up=1_000_000, down=2_000_000))
+    return r.finish(plot=False, extra={**({"accuracy_rule": rule} if rule else {}), **extra})
+
+
+def test_runs_of_different_scoring_rules_never_share_an_accuracy_column(tmp_path):
+    """FedDrift's time-step protocol scores the next step: its runs get their own accuracy
+    columns (an older summary without accuracy_rule is known by acc_include); the time to
+    target compares runs of one rule only."""
+    make_rule_run(tmp_path / "avg", "fedavg", [0.5, 0.7, 0.8, 0.8], "current step")
+    make_rule_run(tmp_path / "ifca", "ifca", [0.6, 0.8, 0.9, 0.9], "current step")
+    make_rule_run(tmp_path / "fd", "feddrift", [0.4, 0.5, 0.6, 0.6], "next step")
+    make_rule_run(tmp_path / "old-fd", "oblivious", [0.3, 0.4, 0.5, 0.5], acc_include=0.425)
+    text = compare_runs([tmp_path / d for d in ("avg", "ifca", "fd", "old-fd")])
+    runs = {r["run"]: r for r in _table_rows(text, "## Runs")}
+    assert runs["avg"]["mean_accuracy [current step]"] == "0.7000"
+    assert runs["avg"]["mean_accuracy [next step]"] == "—"
+    assert runs["fd"]["mean_accuracy [current step]"] == "—"
+    assert runs["fd"]["final_accuracy [next step]"] == "0.6000"
+    assert runs["old-fd"]["final_accuracy [next step]"] == "0.5000"
+    assert not any(k.startswith("mean_accuracy") and "[" not in k for k in runs["avg"])
+    groups = {g["strategy"]: g for g in _table_rows(text, "## By strategy and scenario")}
+    assert groups["feddrift"]["mean_accuracy [current step]"] == "—"
+    assert groups["feddrift"]["mean_accuracy [next step]"] == "0.5250"
+    ttt = _ttt_rows(compare_runs([tmp_path / d for d in ("avg", "ifca", "fd")], target=0.6))
+    assert set(ttt) == {"avg", "ifca"}          # no fedavg run of the next-step rule
+    data = json.loads(compare_runs([tmp_path / d for d in ("avg", "fd", "old-fd")], fmt="json"))
+    assert [r["accuracy_rule"] for r in data["runs"]] == ["current step", "next step",
+                                                          "next step"]
+    import pandas as pd
+
+    table = pd.read_csv(io.StringIO(compare_runs([tmp_path / "avg", tmp_path / "fd"],
+                                                 fmt="csv")))
+    assert table["final_accuracy [current step]"].tolist()[0] == 0.8
+    assert math.isnan(table["final_accuracy [current step]"].tolist()[1])
+    assert table["final_accuracy [next step]"].tolist()[1] == 0.6
+
+
+def test_the_common_rule_gets_its_own_columns(tmp_path):
+    r = RunRecorder(tmp_path / "a", strategy="ifca", scenario="s", seed=0, config=CONFIG)
+    r.log_round(rec(1, 0.5, accuracy_current=0.5))
+    r.log_round(rec(2, 0.7, accuracy_current=0.7, accuracy_next=0.4, next_step=2))
+    r.finish(plot=False)
+    make_rule_run(tmp_path / "b", "fedavg", [0.5, 0.6])
+    runs = {x["run"]: x for x in _table_rows(compare_runs([tmp_path / "a", tmp_path / "b"]),
+                                             "## Runs")}
+    assert runs["a"]["accuracy_current [common rule]"] == "0.6000"
+    assert runs["a"]["accuracy_next [common rule]"] == "0.4000"
+    assert runs["b"]["accuracy_next [common rule]"] == "n/a"
+
+
+def test_report_formats_csv_and_json_carry_the_same_numbers(tmp_path):
+    import pandas as pd
+
+    make_rule_run(tmp_path / "avg", "fedavg", [0.5, 0.6, 0.7, 0.8])
+    make_rule_run(tmp_path / "fld", "fielding", [0.6, 0.8, 0.85, 0.9])
+    dirs = [tmp_path / "avg", tmp_path / "fld"]
+    table = pd.read_csv(io.StringIO(compare_runs(dirs, fmt="csv")))
+    data = json.loads(compare_runs(dirs, fmt="json"))
+    assert table["run"].tolist() == [r["run"] for r in data["runs"]] == ["avg", "fld"]
+    assert table["mean_accuracy [current step]"].tolist() == pytest.approx([0.65, 0.7875])
+    assert "mean_accuracy" not in table
+    assert table["accuracy_rule"].tolist() == ["current step"] * 2
+    assert data["runs"][1]["final_accuracy"] == pytest.approx(0.9)
+    # target 0.81: FedAvg never holds it (an empty cell, null in JSON), Fielding from round 3
+    assert [None if math.isnan(x) else x for x in table["rounds_to_target"]] == [
+        r["rounds_to_target"] for r in data["time_to_target"]] == [None, 3]
+    assert table["mb"].tolist() == [12.0, 12.0]
+    with pytest.raises(ValueError, match="unknown format 'xml'; valid: md, csv, json"):
+        compare_runs(dirs, fmt="xml")
+
+
+def test_the_cli_report_prints_csv(tmp_path, capsys):
+    from fedcluster_app.cli import main
+
+    make_rule_run(tmp_path / "avg", "fedavg", [0.5, 0.6])
+    assert main(["report", str(tmp_path / "avg"), "--format", "csv", "--plot",
+                 str(tmp_path / "p.png")]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith("run,strategy,scenario,seed,rounds,accuracy_rule")
+    assert len(out.splitlines()) == 2 and "plot:" in err
+    assert_png(tmp_path / "p.png")
+
+
+@pytest.mark.parametrize("n", [1, 10, 11, 40, 41, 300, 1000])
+def test_line_styles_are_distinct_for_any_number_of_runs(n):
+    from fedcluster_app.core.results.plots import line_styles
+
+    styles = line_styles(n)
+    assert len(styles) == n == len(set(styles))
+    if n <= 10:
+        assert len({s for _, s in styles}) == 1        # few runs: solid lines, ten colours
+
+
+def test_the_comparison_plot_gives_each_of_many_runs_its_own_line_and_keeps_the_legend_outside(
+        tmp_path, monkeypatch):
+    from fedcluster_app.core.results import plots
+
+    dirs = []
+    for i in range(12):
+        dirs.append(tmp_path / f"r{i}")
+        make_rule_run(dirs[-1], f"s{i}", [0.1 * (i % 9), 0.5, 0.6])
+    figures = []
+    real = plots.save_png
+    monkeypatch.setattr(plots, "save_png", lambda fig, out: figures.append(fig) or real(fig, out))
+    compare_runs(dirs, out_path=tmp_path / "many.png")
+    (fig,) = figures
+    ax = fig.axes[0]
+    lines = ax.get_lines()
+    assert len(lines) == 12
+    assert len({(tuple(ln.get_color()), ln.get_linestyle()) for ln in lines}) == 12
+    fig.canvas.draw()
+    legend, frame = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.x0 >= frame.x1                   # beside the axes, over no curve
+    assert_png(tmp_path / "many.png")

@@ -25,7 +25,8 @@ SMALL = {"scenario": "mixture-swap", "seed": 0, "num-steps": STEPS, "rounds-per-
          "plot": False}
 NEW_KEYS = {"accuracy_current", "client_accuracy_current", "accuracy_next",
             "client_accuracy_next", "next_step"}
-VOLATILE = {"round_time_s", "wall_time_s", "out_dir", "config", "started_at", "finished_at"}
+VOLATILE = {"round_time_s", "wall_time_s", "out_dir", "config", "resolved_config", "started_at",
+            "finished_at"}
 # the plain rounds protocol, FedDrift's time-step protocol, FlexCFL's and FedCCFA's strategies
 TIME_STEP = {"feddrift", "window", "aue", "kue", "driftsurf", "cfl"}
 FAMILIES = ["fedavg", "ifca", "local", "fedrep", "fedem", "fedrc", "fedsoft", "cfl-rounds",

@@ -50,6 +50,9 @@ MAX_SEED = 2**32 - 1        # the range of seeds NumPy's and PyTorch's users kno
 #: robust-aggregation values: none (the weighted mean), or Flower's coordinate-wise rules
 ROBUST_AGGREGATIONS = ("none", "median", "trimmed-mean")
 
+#: where else a run may be logged (run-config key tracking; core/results/tracking.py)
+TRACKING_BACKENDS = ("mlflow", "tensorboard", "csv")
+
 
 
 
@@ -330,6 +333,31 @@ class ResultSettings(HParams):
                             "(refused otherwise)")
     plot: bool = param(True, "write plot.png at the end of the run")
     progress: bool = param(True, "log a line per round")
+    tracking: str = param("", "where else the run is logged, comma-separated: mlflow | "
+                          "tensorboard | csv, e.g. \"mlflow,tensorboard\" (the extra "
+                          "fedcluster[tracking]; README, Follow a run in MLflow / TensorBoard); "
+                          "\"\" = only the run's own files")
+    tracking_uri: str = param("", "mlflow: its tracking URI (http://HOST:PORT, sqlite:///PATH, "
+                              "...); \"\" = a local store in the run directory "
+                              "(sqlite:///<out-dir>/mlflow.db, no server)")
+
+    @property
+    def tracking_backends(self) -> tuple[str, ...]:
+        """The backends ``tracking`` names, in its order."""
+        return tracking_backends(self.tracking)
+
+    def check(self) -> None:
+        """Names only: whether a backend is installed and its URI reachable is the server's
+        question (``results.tracking.check``), since clients never log to it."""
+        for name in self.tracking_backends:
+            if name not in TRACKING_BACKENDS:
+                raise ConfigError(f"tracking: unknown backend {name!r}"
+                                  f"{suggest(name, list(TRACKING_BACKENDS))}; valid: "
+                                  f"{', '.join(TRACKING_BACKENDS)} (comma-separated, e.g. "
+                                  f"\"mlflow,tensorboard\"), or \"\" for none")
+        if self.tracking_uri.strip() and "mlflow" not in self.tracking_backends:
+            raise ConfigError(f"tracking-uri = {self.tracking_uri!r} is MLflow's and would be "
+                              f"ignored: tracking = {self.tracking!r} does not name mlflow")
 
 
 #: the groups, in the order of pyproject.toml; the training recipe is ``RunConfig.train``
@@ -348,7 +376,7 @@ class RunConfig(ResultSettings, DefenceSettings, FederationSettings, ModelSettin
     raw: dict[str, ConfigValue] = field(default_factory=dict, compare=False)
 
     def check(self) -> None:
-        for group in (DataSettings, ModelSettings):
+        for group in (DataSettings, ModelSettings, ResultSettings):
             group.check(self)
         if self.schedule and not Path(self.schedule).is_file():
             from fedcluster_app.core.data.schedules import bundled_schedule_names
@@ -386,6 +414,13 @@ def run_config_table() -> str:
             rule = "" if allowed in ("a string", "true or false") else f" [{allowed}]"
             lines.append(f"{f'{key} = {toml_value(default)}':<31} # {doc}{rule}")
     return "\n".join(lines) + "\n"
+
+
+def tracking_backends(value: str) -> tuple[str, ...]:
+    """``"mlflow, tensorboard"`` -> ``("mlflow", "tensorboard")``: the comma-separated names
+    of the run-config key ``tracking`` (a run config holds no lists), each once."""
+    names = [n.strip().lower() for n in str(value).split(",")]
+    return tuple(dict.fromkeys(n for n in names if n))
 
 
 def parse_run_config(run_config: dict[str, ConfigValue]) -> RunConfig:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from fedcluster_app.core.data.schedules import schedule_digest
 from fedcluster_app.core.config import (ConfigValue, RunConfig, default_run_config,
                                         parse_run_config)
 from fedcluster_app.core.data import Scenario, build_scenario
@@ -40,6 +44,36 @@ def model_spec(cfg: RunConfig, scenario: Scenario) -> ModelSpec:
     kind = cfg.model or scenario.model
     hidden = cfg.hidden or scenario.hidden
     return ModelSpec(kind, tuple(scenario.input_shape), scenario.num_classes, hidden, cfg.init)
+
+
+def resolved_config(exp: Experiment) -> dict[str, ConfigValue]:
+    """The run config with the values the run used where it says "the scenario's choice"
+    (0 or ""): sizes, drift step, data seed, model, classes and input shape. Keys the scenario's
+    paper protocol set are already in ``exp.cfg`` (``apply_protocol``)."""
+    cfg, scenario, spec = exp.cfg, exp.scenario, exp.spec
+    alpha = scenario.dirichlet_alpha
+    return {**cfg.raw,
+            "data-seed": cfg.effective_data_seed,
+            "num-clients": scenario.num_clients,
+            "num-steps": scenario.num_steps,
+            "samples-per-step": scenario.samples_per_step,
+            "test-samples": scenario.test_samples,
+            "drift-step": scenario.drift_step,
+            "dirichlet-alpha": alpha if math.isfinite(alpha) else "inf",
+            "num-classes": scenario.num_classes,
+            "input-shape": ",".join(map(str, scenario.input_shape)),
+            "model": spec.kind,
+            "hidden": spec.hidden,
+            "min-nodes": cfg.min_nodes or scenario.num_clients}
+
+
+def data_fingerprint(scenario: Scenario) -> str:
+    """A SHA-256 of the data spec: the scenario, its build arguments (the data directory
+    left out: where the same data live on this machine) and its concept schedule."""
+    spec = {k: v for k, v in scenario.params.items() if k != "data_dir"}
+    spec["schedule_digest"] = schedule_digest(scenario.concept_matrix(), scenario.concept_labels)
+    text = json.dumps(spec, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_experiment(run_config: dict[str, ConfigValue], server: bool = False) -> Experiment:

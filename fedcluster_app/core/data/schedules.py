@@ -17,6 +17,7 @@ Sources of schedules:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import operator
 from collections.abc import Iterable, Sequence
@@ -276,3 +277,13 @@ def staggered_random(
             current = rng.integers(0, num_concepts, size=num_clients)
         m[t - 1] = current
     return m
+
+
+def schedule_digest(matrix: np.ndarray, labels: tuple[str, ...] | list[str]) -> str:
+    """A fingerprint of a scenario's concept schedule (steps x clients) and the concepts it
+    uses: two runs with equal digests of their first ``t`` steps saw the same drift."""
+    matrix = np.ascontiguousarray(matrix, dtype=np.int64)
+    h = hashlib.sha256(str(matrix.shape).encode() + matrix.tobytes())
+    h.update(json.dumps([labels[c] if c < len(labels) else str(c)
+                         for c in np.unique(matrix).tolist()]).encode())
+    return h.hexdigest()

@@ -85,8 +85,9 @@ def plot_history(records: list[dict], title: str, out_path: Path) -> Path:
         lo, hi = min(xs), max(xs)
         ax.set_xlim(lo - 0.5, hi + 0.5)
 
-    if handles:
-        ax.legend(handles=handles, loc="lower right", fontsize="small")
+    if handles:   # under the axes: it hides no curve (a drift's dip fills the lower right)
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                  ncol=len(handles), fontsize="small", frameon=False)
     return save_png(fig, out_path)
 
 
@@ -97,8 +98,32 @@ def plot_run(run_dir: str | os.PathLike, out_path: str | os.PathLike | None = No
     return plot_history(records, title_of(summary), out)
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def line_styles(n: int) -> list[tuple[tuple[float, ...], str]]:
+    """``n`` distinct (colour, line style) pairs, for any ``n``: tab10's ten colours drawn solid,
+    then dashed, dotted and dash-dotted (40 pairs); past 40, ``n`` colours spread along a
+    continuous colour map (each its own), the line styles cycling over them."""
+    from matplotlib import colormaps
+    from matplotlib.colors import LinearSegmentedColormap, to_rgba
+
+    if n <= 10 * len(LINE_STYLES):
+        tab = colormaps["tab10"].colors
+        return [(to_rgba(tab[i % 10]), LINE_STYLES[i // 10]) for i in range(n)]
+    # interpolated with n levels: a listed map of 256 colours would repeat them past 256
+    spread = LinearSegmentedColormap.from_list("runs", colormaps["turbo"].colors, N=n)
+    return [(tuple(float(c) for c in spread(i)), LINE_STYLES[i % len(LINE_STYLES)])
+            for i in range(n)]
+
+
 def plot_comparison(runs: list[tuple[Path, dict, list[dict]]], names: list[str],
-                     out_path: Path) -> Path:
+                    out_path: Path, rules: list[str] | None = None) -> Path:
+    """Accuracy over rounds of several runs (or of their groups: mean ± std over seeds), each
+    line its own colour and style, the legend beside the axes where it hides no curve; with
+    runs of several scoring rules (``rules``, per run) each label names its rule."""
+    rules = rules or [""] * len(runs)
+    several = len(set(rules)) > 1
     fig = new_figure((9.0, 5.0))
     ax = fig.add_subplot(1, 1, 1)
     ax.set_xlabel("round")
@@ -106,21 +131,25 @@ def plot_comparison(runs: list[tuple[Path, dict, list[dict]]], names: list[str],
     ax.set_ylim(0.0, 1.0)
     ax.grid(True, alpha=0.3)
 
-    groups: dict[tuple[str, str], list[list[dict]]] = {}
-    for _, summary, records in runs:
-        key = (str(summary["strategy"]), str(summary["scenario"]))
+    groups: dict[tuple[str, str, str], list[list[dict]]] = {}
+    for (_, summary, records), rule in zip(runs, rules):
+        key = (str(summary["strategy"]), str(summary["scenario"]), rule)
         groups.setdefault(key, []).append(records)
 
     if all(len(members) == 1 for members in groups.values()):
         ax.set_title("accuracy per run")
-        for name, (_, summary, records) in zip(names, runs):
+        for (name, (_, summary, records), rule), (colour, style) in zip(
+                zip(names, runs, rules), line_styles(len(runs))):
             pts = [(r["round"], r["accuracy"]) for r in records if r.get("accuracy") is not None]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, label=f"{name} ({summary['strategy']}, seed {summary['seed']})")
+                ax.plot(xs, ys, color=colour, linestyle=style,
+                        label=f"{name} ({summary['strategy']}, seed {summary['seed']}"
+                              f"{', ' + rule if several else ''})")
     else:
         ax.set_title("accuracy per strategy and scenario (mean ± std over seeds)")
-        for (strategy, scenario), members in groups.items():
+        for ((strategy, scenario, rule), members), (colour, style) in zip(
+                groups.items(), line_styles(len(groups))):
             by_round: dict[int, list[float]] = {}
             for records in members:
                 for r in records:
@@ -137,8 +166,11 @@ def plot_comparison(runs: list[tuple[Path, dict, list[dict]]], names: list[str],
                 means.append(m)
                 lo.append(max(0.0, m - sd))
                 hi.append(min(1.0, m + sd))
-            (line,) = ax.plot(xs, means, label=f"{strategy} on {scenario} (n={len(members)})")
-            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower right", fontsize="small")
+            ax.plot(xs, means, color=colour, linestyle=style,
+                    label=f"{strategy} on {scenario} (n={len(members)}"
+                          f"{', ' + rule if several else ''})")
+            ax.fill_between(xs, lo, hi, color=colour, alpha=0.2, linewidth=0)
+    if ax.get_legend_handles_labels()[0]:   # beside the axes: it hides no curve after a drift
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small",
+                  borderaxespad=0.0)
     return save_png(fig, out_path)

@@ -16,6 +16,8 @@ from fedcluster_app.core.results.files import (CHECKPOINT_FILE, METRICS_FILE, PL
                                                SUMMARY_FILE, check_round_record, dump_line,
                                                normalise_counts, read_metrics, to_json)
 from fedcluster_app.core.results.plots import plot_history, title_of
+from fedcluster_app.core.results.provenance import git_commit, package_versions
+from fedcluster_app.core.results.tracking import Tracker, open_trackers
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
@@ -41,7 +43,8 @@ def compute_summary(records: list[dict]) -> dict:
     ``mean_accuracy_after_drift`` averages the evaluated rounds from the first round with
     ``drifted_clients > 0`` on (inclusive), null if there is no such round; byte and failure
     counts are totals (missing keys count as 0); ``num_clusters_final`` (clusters in use) and
-    ``models_allocated_final`` are the last round's.
+    ``models_allocated_final`` and ``assignments_final`` (client -> cluster) are the last
+    round's.
     With held-out clients (FedRC's test clients) the same for ``global_accuracy``, plus
     ``last5_*``: the mean of the last five evaluated rounds (docs/fedrc.md, D4).
     """
@@ -65,6 +68,7 @@ def compute_summary(records: list[dict]) -> dict:
         "failures": _total(records, "failures"),
         "num_clusters_final": records[-1].get("num_clusters") if records else None,
         "models_allocated_final": records[-1].get("models_allocated") if records else None,
+        "assignments_final": records[-1].get("assignments") if records else None,
         "last5_accuracy": _mean(accs[-5:]),
         "final_weighted_accuracy": weighted[-1] if weighted else None,
         **({"mean_global_accuracy": _mean(globs), "final_global_accuracy": globs[-1],
@@ -83,6 +87,12 @@ class RunRecorder:
     records; the first :meth:`log_round` call with round ``r`` drops the kept records with
     round >= ``r`` (rewriting the file atomically) before appending. A malformed last line left
     by a crash is ignored on resume.
+
+    What the run was made with goes into the summary: ``resolved_config`` (the values the run
+    used where ``config`` says "the scenario's default"), ``data_fingerprint``, the packages'
+    ``versions`` and the ``git`` commit. ``tracking`` names backends (``tracking.py``) that get
+    every round too; they are connected here, before any file of the run is touched, so a
+    backend that cannot be used refuses the run before round 1.
     """
 
     def __init__(
@@ -94,6 +104,10 @@ class RunRecorder:
         seed: int,
         config: dict,
         resume: bool = False,
+        resolved_config: dict | None = None,
+        data_fingerprint: str | None = None,
+        tracking: tuple[str, ...] = (),
+        tracking_uri: str = "",
     ) -> None:
         if not isinstance(config, Mapping):
             raise TypeError(f"config must be a dict, got {type(config).__name__}")
@@ -102,13 +116,20 @@ class RunRecorder:
         self.scenario = str(scenario)
         self.seed = int(seed)
         self.config = to_json(dict(config), where="config")
+        self.resolved_config = to_json(dict(resolved_config or config), where="resolved_config")
+        self.data_fingerprint = data_fingerprint
         self.metrics_path = self.out_dir / METRICS_FILE
         self.summary_path = self.out_dir / SUMMARY_FILE
         self.plot_path = self.out_dir / PLOT_FILE
         self._t0 = time.monotonic()
         self._started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
+        # first: a store that cannot be used refuses the run before the directory is made
+        self._trackers: list[Tracker] = open_trackers(
+            tuple(tracking), tracking_uri, self.out_dir, params=self.resolved_config,
+            tags={"strategy": self.strategy, "scenario": self.scenario, "seed": str(self.seed)})
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._trackers_begun = False
         self._records: list[dict] = []
         self._pending_truncation = False
         if resume and self.metrics_path.exists():
@@ -151,12 +172,22 @@ class RunRecorder:
             raise ValueError(
                 f"{where}: round {rec['round']} does not follow round {self._records[-1]['round']}"
             )
+        self._begin_trackers()
 
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(dump_line(rec))
             f.flush()
             os.fsync(f.fileno())
         self._records.append(rec)
+        for tracker in self._trackers:
+            tracker.log_round(rec)
+
+    def _begin_trackers(self) -> None:
+        """Once, with the rounds kept so far (a resumed run's): each backend starts from them."""
+        if not self._trackers_begun:
+            for tracker in self._trackers:
+                tracker.begin(self.rounds)
+            self._trackers_begun = True
 
     def _file_needs_rewrite(self) -> bool:
         """True if the file on disk is not exactly the kept records (e.g. a partial last line)."""
@@ -206,11 +237,18 @@ class RunRecorder:
         summary["reason"] = reason if reason is not None else error
         summary["error"] = error
         summary["config"] = self.config
+        summary["resolved_config"] = self.resolved_config
+        summary["data_fingerprint"] = self.data_fingerprint
+        summary["versions"] = package_versions()
+        summary["git"] = git_commit()
         summary["started_at"] = self._started_at
         summary["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         if extra:
             summary.update(to_json(dict(extra), where="extra"))
 
+        self._begin_trackers()
+        if self._trackers:
+            summary["tracking"] = {k: v for t in self._trackers for k, v in t.where().items()}
         if plot:
             try:
                 plot_history(self._records, title_of(summary), self.plot_path)
@@ -220,4 +258,8 @@ class RunRecorder:
         summary = to_json(summary, where="summary")
         data = json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
         atomic_write_bytes(self.summary_path, data.encode("utf-8"))
+        files = [self.summary_path, self.metrics_path, self.out_dir / CHECKPOINT_FILE,
+                 *([self.plot_path] if plot and "plot_error" not in summary else [])]
+        for tracker in self._trackers:
+            tracker.finish(summary, files)
         return summary

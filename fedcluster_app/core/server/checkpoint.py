@@ -11,7 +11,6 @@ from the checkpoint's in any key but :data:`SAFE_ON_RESUME`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 
 from fedcluster_app.core.atomic import atomic_open
 from fedcluster_app.core.config import default_run_config
+from fedcluster_app.core.data.schedules import schedule_digest
 from fedcluster_app.core.results.files import (
     CHECKPOINT_FILE,  # with the run's other file names
 )
@@ -39,6 +39,7 @@ SAFE_ON_RESUME = frozenset({
     "device", "data-dir",                         # the hardware, where the same data live here
     "batch-clients",                              # clients trained batched or one by one
     "deterministic",                              # cuDNN's algorithms on a GPU
+    "tracking", "tracking-uri",                   # where else the run is logged
 })
 
 
@@ -90,16 +91,6 @@ def checkpoint_file(path: str | Path) -> Path:
     """The checkpoint file ``path`` names: itself, or the one in the run directory ``path``."""
     path = Path(path).expanduser().resolve()
     return path / CHECKPOINT_FILE if path.is_dir() else path
-
-
-def schedule_digest(matrix: np.ndarray, labels: tuple[str, ...] | list[str]) -> str:
-    """A fingerprint of a scenario's concept schedule (steps x clients) and the concepts it
-    uses: two runs with equal digests of their first ``t`` steps saw the same drift."""
-    matrix = np.ascontiguousarray(matrix, dtype=np.int64)
-    h = hashlib.sha256(str(matrix.shape).encode() + matrix.tobytes())
-    h.update(json.dumps([labels[c] if c < len(labels) else str(c)
-                         for c in np.unique(matrix).tolist()]).encode())
-    return h.hexdigest()
 
 
 def config_changes(saved: dict[str, Any], config: dict[str, Any],

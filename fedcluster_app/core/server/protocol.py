@@ -57,6 +57,9 @@ class Protocol:
     """The plain round protocol (module docstring); the base of every other protocol."""
 
     name = "rounds"
+    #: what ``accuracy`` of metrics.jsonl measures (summary.json ``accuracy_rule``): runs of
+    #: different rules are never compared on it (``fedcluster report`` gives each its column)
+    accuracy_rule = "current step"
 
     def __init__(self) -> None:
         # the ClusteredStrategy it serves (not imported here: the strategy imports protocols)

@@ -60,11 +60,11 @@ from fedcluster_app.core.server.checkpoint import (
     checkpoint_file,
     read_checkpoint,
     read_client_states,
-    schedule_digest,
     write_checkpoint,
 )
+from fedcluster_app.core.data.schedules import schedule_digest
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.experiment import Experiment
+from fedcluster_app.core.experiment import Experiment, data_fingerprint, resolved_config
 from fedcluster_app.core.hparams import HParams, NoParams
 from fedcluster_app.core.server.messages import (
     RejectedReply,
@@ -765,6 +765,8 @@ class ClusteredStrategy(Strategy):
         extra = {"wall_time_s": time.monotonic() - t0, "out_dir": str(out),
                  "num_clients": self.exp.scenario.num_clients,
                  "num_steps": self.exp.scenario.num_steps,
+                 "round_protocol": self.protocol.name,
+                 "accuracy_rule": self.protocol.accuracy_rule,
                  **({"resumed_after_round": resumed_after} if resumed_after else {}),
                  **self.protocol.summary_extra(), **self.summary_extra()}
         status, reason = self.health()
@@ -909,7 +911,11 @@ class ClusteredStrategy(Strategy):
     def open_recorder(self, out: Path) -> RunRecorder:
         self.check_writable(out)
         return RunRecorder(out, strategy=self.name, scenario=self.exp.scenario.name,
-                           seed=self.cfg.seed, config=dict(self.cfg.raw), resume=self.round > 0)
+                           seed=self.cfg.seed, config=dict(self.cfg.raw), resume=self.round > 0,
+                           resolved_config={**resolved_config(self.exp), "out-dir": str(out)},
+                           data_fingerprint=data_fingerprint(self.exp.scenario),
+                           tracking=self.cfg.tracking_backends,
+                           tracking_uri=self.cfg.tracking_uri)
 
     def state_dict(self) -> tuple[dict[str, Any], dict[int, Weights]]:
         scenario = self.exp.scenario

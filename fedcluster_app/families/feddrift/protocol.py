@@ -69,6 +69,8 @@ class TimeStepProtocol(Protocol):
     """The time-step protocol (module docstring); ``train_window`` = 0: all history."""
 
     name = "time-step"
+    #: each client's model of step t on its training batch of step t+1 (the paper's metric)
+    accuracy_rule = "next step"
 
     def __init__(self, train_window: int = 0) -> None:
         super().__init__()

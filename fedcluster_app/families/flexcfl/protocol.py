@@ -64,6 +64,12 @@ class PaperProtocol(Protocol):
         return getattr(self.s.params, "eval_model", "current_group")
 
     @property
+    def accuracy_rule(self) -> str:
+        """``last_received`` scores another model than the plain rule: its own column."""
+        return ("current step" if self.eval_model == "current_group" else
+                "current step, model last received")
+
+    @property
     def score_both(self) -> bool:
         return bool(getattr(self.s.params, "score_both", False))
 
