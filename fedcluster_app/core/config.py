@@ -33,6 +33,8 @@ ConfigValue = bool | int | float | str
 
 #: sizes beyond which a run cannot work on one machine: refused before round 1, not left to hang
 MAX_CLIENTS = 100_000
+#: seeds go to NumPy, PyTorch and Python's RNGs: the range every one of them takes
+MAX_SEED = 2**32 - 1
 MAX_SAMPLES = 1_000_000
 
 #: robust-aggregation values: none (the weighted mean), or Flower's coordinate-wise rules
@@ -199,6 +201,7 @@ class RunConfig:
     robust_aggregation: str
     trim_fraction: float
     checkpoint_every: int
+    checkpoint_every_s: float
     checkpoint_client_state: bool
     resume_from: str
     overwrite: bool
@@ -321,6 +324,13 @@ def validate(cfg: RunConfig) -> None:
          f"{cfg.robust_aggregation!r}"),
         (0.0 <= cfg.trim_fraction < 0.5, f"trim-fraction must be in [0, 0.5), got {cfg.trim_fraction}"),
         (cfg.checkpoint_every >= 0, f"checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
+        (_finite_nonneg(cfg.checkpoint_every_s),
+         f"checkpoint-every-s must be a finite number >= 0, got {cfg.checkpoint_every_s}"),
+        (0 <= cfg.seed <= MAX_SEED, f"seed must be an integer in 0..{MAX_SEED} (2^32 - 1), got "
+                                    f"{cfg.seed}"),
+        (cfg.data_seed <= MAX_SEED,
+         f"data-seed must be negative (= seed) or an integer in 0..{MAX_SEED} (2^32 - 1), got "
+         f"{cfg.data_seed}"),
     ]
     for ok, message in checks:
         if not ok:
