@@ -271,7 +271,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 summary = _run_engine(args, run_config, exp, token)
             except Interrupted as ex:
                 if args.engine == "ray":   # its ServerApp was stopped with its process
-                    mark_interrupted(strategy, out, ex.signame, time.monotonic() - t0)
+                    try:
+                        mark_interrupted(strategy, out, ex.signame, time.monotonic() - t0)
+                    except Exception as why:   # noqa: BLE001 (still say where the run is)
+                        print(f"fedcluster: could not mark {out}/summary.json interrupted: "
+                              f"{why}", file=sys.stderr)
                 raise
     except Interrupted as ex:
         print(interrupted(run_config, args.engine == "deployment"), file=sys.stderr)
