@@ -237,7 +237,7 @@ def _overrides(args: argparse.Namespace) -> tuple[dict, list[str]]:
 def cmd_run(args: argparse.Namespace) -> int:
     from fedcluster_app.api import check_tables_read, run_config_defaults
     from fedcluster_app.core.experiment import load_experiment
-    from fedcluster_app.core.run_lock import check_unlocked, run_lock
+    from fedcluster_app.core.run_lock import check_unlocked, run_lock, wait_unlocked
     from fedcluster_app.core.strategy import mark_interrupted, resolve_out_dir
     from fedcluster_app.server_app import prepare
 
@@ -270,9 +270,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             try:
                 summary = _run_engine(args, run_config, exp, token)
             except Interrupted as ex:
-                if args.engine == "ray":   # its ServerApp was stopped with its process
+                # its ServerApp was stopped with its process (Ray), or by `flwr stop` (a
+                # local deployment's writes here too); the lock: it is gone
+                if args.engine == "ray" or args.deployment:
                     try:
-                        mark_interrupted(strategy, out, ex.signame, time.monotonic() - t0)
+                        wait_unlocked(out, timeout=30)
+                        with run_lock(out):
+                            mark_interrupted(strategy, out, ex.signame, time.monotonic() - t0)
                     except Exception as why:   # noqa: BLE001 (still say where the run is)
                         print(f"fedcluster: could not mark {out}/summary.json interrupted: "
                               f"{why}", file=sys.stderr)

@@ -120,3 +120,13 @@ def test_gpu_check_ray_section_runs_on_the_cpu(tmp_path):
     (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
     assert row["profile"] == "cpu" and row["status"] == "ok", row
     assert len(row["round_s"]) == 4 and row["gpu_pids"] == 0
+
+
+def test_checkpoint_cost_script_times_the_three_settings(tmp_path):
+    rows = tmp_path / "checkpoint.jsonl"
+    out = _run("bench_checkpoint.py", "--rounds-per-step", "1", "--strategies", "ifca",
+               "--jsonl", str(rows))
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert [r["setting"] for r in got] == ["off", "default (every 30 s)", "every round"]
+    assert all(r["rounds"] == 6 and r["s_per_round"] > 0 for r in got)
+    assert "same accuracy: True" in out

@@ -19,6 +19,7 @@ import os
 import secrets
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +35,13 @@ _held: dict[Path, list] = {}
 
 class RunDirLocked(FileExistsError):
     """Another run is writing the directory (a refusal: ``fedcluster run`` exits 2)."""
+
+
+def _command_line() -> str:
+    """This process's command line for the lock file, secrets left out (Flower passes the
+    ServerApp process its run token as ``--token VALUE``)."""
+    words = list(sys.argv) or [sys.executable]
+    return " ".join("***" if i and words[i - 1] == "--token" else w for i, w in enumerate(words))
 
 
 def _holder(path: Path) -> dict:
@@ -81,6 +89,19 @@ def check_unlocked(out_dir: str | os.PathLike) -> None:
         raise _refusal(out_dir)
 
 
+def wait_unlocked(out_dir: str | os.PathLike, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for another holder of ``out_dir``'s lock to end (a
+    ServerApp stopped by ``flwr stop`` exits a moment later); :class:`RunDirLocked` if not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check_unlocked(out_dir)
+        except RunDirLocked:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def run_lock(out_dir: str | os.PathLike) -> Iterator[str | None]:
     """Hold ``out_dir``'s lock for the block (creating the directory); yields the token to pass
@@ -106,7 +127,7 @@ def run_lock(out_dir: str | os.PathLike) -> Iterator[str | None]:
         raise _refusal(out_dir) from None
     token = secrets.token_hex(8)
     info = {"pid": os.getpid(), "host": socket.gethostname(),
-            "command": " ".join(sys.argv) or sys.executable,
+            "command": _command_line(),
             "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "token": token}
     os.ftruncate(fd, 0)
