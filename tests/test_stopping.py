@@ -116,7 +116,7 @@ def test_the_cli_exit_codes_are_documented():
 def test_a_second_writer_is_refused_at_once_naming_the_holder_and_the_first_run_is_intact(
         tmp_path, capsys):
     out = tmp_path / "run"
-    first = start_cli(["run", "--run-config", str(QUICK), "--set", "rounds-per-step=40",
+    first = start_cli(["run", "--run-config", str(QUICK), "--set", "rounds-per-step=100",
                        "--set", "progress=false", "--seed", "0", "--out", str(out)])
     wait_for_rounds(first, out, 1)
     holder = json.loads((out / LOCK_FILE).read_text())
@@ -134,7 +134,7 @@ def test_a_second_writer_is_refused_at_once_naming_the_holder_and_the_first_run_
     assert first.returncode == 0, err[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["seed"] == 0
-    assert logged_rounds(out) == list(range(1, 241))                # one line per round, once
+    assert logged_rounds(out) == list(range(1, 601))                # one line per round, once
 
 
 def test_a_lock_left_by_a_dead_holder_is_not_stale(tmp_path, fast_config):
