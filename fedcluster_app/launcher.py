@@ -287,7 +287,11 @@ class LocalSimulationSuperLink:
              "--database", str(self.home / "state.db")],
             env=self.env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        wait_port(self.port, 60.0, self.home / "superlink.log", self.proc)
+        try:
+            wait_port(self.port, 60.0, self.home / "superlink.log", self.proc)
+        except BaseException:   # a failed start, or a signal meanwhile: __exit__ will not run
+            self.__exit__()
+            raise
         (self.home / "flwr" / "config.toml").write_text(
             '[superlink]\ndefault = "fedcluster"\n\n'
             f'[superlink.fedcluster]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
