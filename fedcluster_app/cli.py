@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import logging
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from fedcluster_app.bench import command as bench_command
@@ -17,20 +20,26 @@ from fedcluster_app.core.config import (
     parse_assignment,
 )
 from fedcluster_app.core.config import list_presets, preset_file
+from fedcluster_app.core.stopping import Interrupted, stop_signals
 
 #: `fedcluster run`'s exit status by the run's summary status (2: refused before it started)
 EXIT_CODES = {"completed": 0, "failed": 1, "degraded": 3}
-#: stopped by Ctrl-C (128 + SIGINT, as shells report it)
+#: stopped by Ctrl-C (128 + SIGINT, as shells report it); SIGTERM gives 143 (128 + 15)
 EXIT_INTERRUPTED = 130
+#: refused before anything ran or was written
+EXIT_REFUSED = 2
 
 RUN_EPILOG = """\
 exit status:
   0  the run completed (also when --resume finds it already finished: nothing changes)
   1  the run failed (the reason is printed; summary.json says status "failed")
-  2  refused before anything ran or was written: bad configuration, a checkpoint that is not
-     this run's, or --out holding a finished run (pass --overwrite or --resume DIR)
+  2  refused before anything ran or was written: bad configuration (the key is named), a
+     checkpoint that is not this run's or is corrupt, --out holding a finished run, files
+     that are not a run's, or a run still writing it
   3  the run ended degraded (the reason is printed; summary.json says status "degraded")
-  130  interrupted (Ctrl-C): one line says where the run is and the command that continues it
+  130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: every process the run started is
+       stopped, its checkpoint written, summary.json says status "interrupted", and one
+       line says where the run is and the command that continues it
 """
 
 
@@ -255,7 +264,8 @@ def _overrides(args: argparse.Namespace) -> tuple[dict, list[str]]:
 def cmd_run(args: argparse.Namespace) -> int:
     from fedcluster_app.api import check_tables_read, run_config_defaults
     from fedcluster_app.core.experiment import load_experiment
-    from fedcluster_app.core.server.strategy import resolve_out_dir
+    from fedcluster_app.core.run_lock import check_unlocked, run_lock, wait_unlocked
+    from fedcluster_app.core.server.strategy import mark_interrupted, resolve_out_dir
     from fedcluster_app.server_app import prepare
 
     if args.ray_address and args.engine != "ray":
@@ -269,7 +279,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from fedcluster_app.core.models import resolve_device
 
         resolve_device(exp.cfg.device)
-    run_config["out-dir"] = str(resolve_out_dir(run_config))
+    run_config["out-dir"] = str(out := resolve_out_dir(run_config))
+    if args.engine != "deployment":   # a deployment's out-dir is where its ServerApp runs
+        check_unlocked(out)           # another run writing it: say so before anything else
     # every refusal (a checkpoint that is not this run's, --out holding a finished run) before
     # Ray or a SuperLink starts and before any file is written, whatever the engine
     strategy, finished = prepare(run_config)
@@ -278,49 +290,77 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{strategy.round} of {strategy.num_rounds}, status {finished['status']}); nothing "
               f"to do, no file changed")
         return _report(finished, str(strategy.resumed_from.parent))
+    t0 = time.monotonic()
     try:
-        if args.engine == "inprocess":
-            from fedcluster_app.engine import run_inprocess
-
-            summary = run_inprocess(run_config)
-        else:
-            from fedcluster_app.launcher import run_on_deployment, run_with_flwr
-
-            if args.engine == "ray":
-                summary = run_with_flwr(run_config, exp.scenario.num_clients,
-                                        federation=args.federation or "cpu",
-                                        ray_address=args.ray_address)
-            elif args.deployment:
-                from fedcluster_app.deploy import LocalDeployment
-
-                summary = run_on_deployment(run_config,
-                                            LocalDeployment.load(args.deployment).connection())
-            else:
-                summary = run_on_deployment(run_config, federation=args.federation or "local")
-    except KeyboardInterrupt:
+        with stop_signals(), (run_lock(out) if args.engine != "deployment"
+                              else contextlib.nullcontext()) as token:
+            try:
+                summary = _run_engine(args, run_config, exp, token)
+            except Interrupted as ex:
+                # its ServerApp was stopped with its process (Ray), or by `flwr stop` (a
+                # local deployment's writes here too); the lock: it is gone
+                if args.engine == "ray" or args.deployment:
+                    try:
+                        wait_unlocked(out, timeout=30)
+                        with run_lock(out):
+                            mark_interrupted(strategy, out, ex.signame, time.monotonic() - t0)
+                    except Exception as why:   # noqa: BLE001 (still say where the run is)
+                        print(f"fedcluster: could not mark {out}/summary.json interrupted: "
+                              f"{why}", file=sys.stderr)
+                raise
+    except Interrupted as ex:
+        print(interrupted(run_config, args.engine == "deployment"), file=sys.stderr)
+        return ex.exit_code
+    except KeyboardInterrupt:   # before the handlers were in place
         print(interrupted(run_config, args.engine == "deployment"), file=sys.stderr)
         return EXIT_INTERRUPTED
     return _report(summary, run_config["out-dir"])
 
 
+def _run_engine(args: argparse.Namespace, run_config: dict, exp, lock_token: str | None) -> dict:
+    """Run on the engine the command line chose; the run's summary."""
+    if args.engine == "inprocess":
+        from fedcluster_app.engine import run_inprocess
+
+        return run_inprocess(run_config)
+    from fedcluster_app.core.run_lock import TOKEN_ENV
+    from fedcluster_app.launcher import run_on_deployment, run_with_flwr
+
+    if args.engine == "ray":
+        # the ServerApp writes out-dir in Flower's simulation process, for this lock's holder
+        os.environ[TOKEN_ENV] = str(lock_token)
+        try:
+            return run_with_flwr(run_config, exp.scenario.num_clients,
+                                 federation=args.federation or "cpu",
+                                 ray_address=args.ray_address)
+        finally:
+            os.environ.pop(TOKEN_ENV, None)
+    if args.deployment:
+        from fedcluster_app.deploy import LocalDeployment
+
+        return run_on_deployment(run_config, LocalDeployment.load(args.deployment).connection())
+    return run_on_deployment(run_config, federation=args.federation or "local")
+
+
 def interrupted(run_config: dict, deployment: bool = False) -> str:
-    """The one line Ctrl-C of a run ends with: where the run is, and how to continue it."""
-    from fedcluster_app.core.server.checkpoint import read_checkpoint
+    """The one line an interrupted run ends with: where the run is, and how to continue it."""
+    from fedcluster_app.core.server.checkpoint import read_checkpoint, resume_command
 
     out_dir = Path(run_config["out-dir"])
-    if deployment:   # Flower goes on with a submitted run when its `flwr run` is stopped
-        return (f"fedcluster: interrupted: stopped waiting; the run submitted to the SuperLink "
-                f"goes on (`flwr stop` ends it), writing to {out_dir} where its ServerApp runs")
+    if deployment:
+        return (f"fedcluster: interrupted: the run submitted to the SuperLink was stopped "
+                f"(`flwr stop`); its files are in {out_dir} where its ServerApp runs")
+    command = resume_command(out_dir)
+    if command is None:
+        return (f"fedcluster: interrupted: {out_dir} holds no checkpoint to resume from (none was "
+                f"written before the run was stopped); run the same command with --overwrite to "
+                f"start again")
     try:
         done = int(read_checkpoint(out_dir)[0]["round"])
     except (FileNotFoundError, ValueError, KeyError):
-        every = int(run_config.get("checkpoint-every", 0))
-        return (f"fedcluster: interrupted: {out_dir} holds no checkpoint to resume from yet "
-                f"(checkpoint-every = {every}: "
-                f"{f'every {every} rounds' if every else 'only at the end'}); run the same "
-                f"command with --overwrite to start again")
+        done = "?"
     return (f"fedcluster: interrupted: {out_dir} has the run's checkpoint after round {done}; "
-            f"continue it with: fedcluster run --resume {shlex.quote(str(out_dir))}")
+            f"continue it with: {command}")
 
 
 def _report(summary: dict, out_dir: str) -> int:
@@ -573,7 +613,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except (ConfigError, ValueError, FileNotFoundError, FileExistsError) as ex:
         print(f"fedcluster: error: {ex}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
+    except OSError as ex:   # e.g. a path over the file-name limit: name the path
+        if ex.errno not in (errno.ENAMETOOLONG, errno.EACCES, errno.EROFS, errno.ENOTDIR):
+            print(f"fedcluster: run failed: {type(ex).__name__}: {ex}", file=sys.stderr)
+            return 1
+        print(f"fedcluster: error: {ex.filename or ''}: {ex.strerror}", file=sys.stderr)
+        return EXIT_REFUSED
     except Exception as ex:  # a failed run: say so and exit non-zero
         print(f"fedcluster: run failed: {type(ex).__name__}: {ex}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ wrote none and the SuperLink does not report it completed. A simulation profile'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,7 +30,7 @@ from fedcluster_app.core.config import ConfigValue
 from fedcluster_app.core.hparams import toml_table
 from fedcluster_app.core.plugins import is_import_path, module_files
 from fedcluster_app.core.project_files import PACKAGE_DIR, project_file
-from fedcluster_app.core.results.files import SUMMARY_FILE, read_summary
+from fedcluster_app.core.results.files import FLWR_LOG_FILE, SUMMARY_FILE, read_summary
 
 FLWR_PROFILES_FILE = "pyproject-flwr.toml"
 
@@ -119,6 +120,72 @@ def _alive(pid: int) -> bool:
         return os.waitpid(pid, os.WNOHANG) == (0, 0)
     except ChildProcessError:
         return True
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state letter) of every process, read from /proc."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:   # gone meanwhile
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()   # after "pid (command) "
+            table[int(entry.name)] = (int(fields[1]), fields[0])
+    return table
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its living descendants (by parent pid: whatever session or process
+    group they put themselves in), parents first."""
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for child, (parent, state) in table.items():
+        if state != "Z":
+            children.setdefault(parent, []).append(child)
+    tree = [pid] if pid in table and table[pid][1] != "Z" else []
+    for p in tree:   # grows while it is read: breadth first
+        tree.extend(sorted(children.get(p, ())))
+    return tree
+
+
+def _running(pid: int) -> bool:
+    try:   # our own child: reap it if it exited
+        if os.waitpid(pid, os.WNOHANG) != (0, 0):
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def stop_process_tree(pid: int, timeout: float = 10.0) -> None:
+    """Stop ``pid`` and every process it started, by PID: SIGTERM to the whole tree as it is
+    before anything dies (Flower's SuperExec and simulation run in sessions of their own, and
+    are re-parented once their parent is gone, so neither a process group nor a later look
+    finds them all), then SIGKILL to whatever is left after ``timeout``, descendants that
+    appeared meanwhile included. Without /proc: the process group of ``pid``."""
+    if not Path("/proc/self/stat").exists():
+        stop_process_group(pid, timeout)
+        return
+    pids = process_tree(pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, sig)
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = [p for p in pids if _running(p)]
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if not alive:
+            return
+        pids = list(dict.fromkeys(q for p in alive for q in process_tree(p)))
 
 
 def stop_process_group(pid: int, timeout: float = 10.0) -> None:
@@ -220,7 +287,11 @@ class LocalSimulationSuperLink:
              "--database", str(self.home / "state.db")],
             env=self.env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        wait_port(self.port, 60.0, self.home / "superlink.log", self.proc)
+        try:
+            wait_port(self.port, 60.0, self.home / "superlink.log", self.proc)
+        except BaseException:   # a failed start, or a signal meanwhile: __exit__ will not run
+            self.__exit__()
+            raise
         (self.home / "flwr" / "config.toml").write_text(
             '[superlink]\ndefault = "fedcluster"\n\n'
             f'[superlink.fedcluster]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
@@ -228,8 +299,10 @@ class LocalSimulationSuperLink:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc and self.proc.poll() is None:
-            stop_process_group(self.proc.pid)
+        # also when `fedcluster run` is stopped by a signal (core/stopping.py raises then):
+        # the SuperLink with every process it started, SuperExec, simulation and Ray included
+        if self.proc:
+            stop_process_tree(self.proc.pid)
         self._log.close()
 
 
@@ -256,9 +329,12 @@ def submit_and_wait(
     home: Path,
     connection: str = "fedcluster",
     federation_config: str | None = None,
+    stop_run_on_interrupt: bool = False,
 ) -> dict:
     """``flwr run`` the staged app on ``connection``, stream its log; return the run's summary
-    (``run_summary``), or raise RunFailed when it failed or wrote none."""
+    (``run_summary``), or raise RunFailed when it failed or wrote none. Stopped by a signal,
+    it stops ``flwr run`` and, with ``stop_run_on_interrupt`` (a deployment, whose SuperLink
+    goes on), the submitted run (``flwr stop``)."""
     out_dir = _out_dir(run_config)
     before = _file_bytes(out_dir / SUMMARY_FILE)
     app_dir = stage_app(home / "app", run_config)
@@ -270,12 +346,19 @@ def submit_and_wait(
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            match = _RUN_ID.search(line)
-            if match and run_id is None:
-                run_id = match.group(1)
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                match = _RUN_ID.search(line)
+                if match and run_id is None:
+                    run_id = match.group(1)
+        except BaseException:   # stopped (a signal): `flwr run` goes too, and the run it started
+            stop_process_tree(proc.pid)
+            if run_id is not None and stop_run_on_interrupt:
+                subprocess.run([_bin("flwr"), "stop", run_id, connection], env=env,
+                               capture_output=True, timeout=30, check=False)
+            raise
     if run_id is None:
         raise RunFailed(f"flwr run did not start a run (exit code {proc.returncode})")
     status, details = run_status(env, run_id, connection)
@@ -283,13 +366,27 @@ def submit_and_wait(
     summary = run_summary(out_dir, before, completed)
     if summary is None and not completed:
         raise RunFailed(f"flwr run ended with status {status!r} (exit code {proc.returncode}): "
-                        f"{details}; SuperLink log and app kept in {home}")
+                        f"{details}{_log_note(home, out_dir)}")
     if summary is None:   # completed, its files written where the ServerApp ran
         summary = {"status": "completed", "out_dir": str(out_dir)}
     if summary.get("status") == "failed":
         raise RunFailed(f"{summary.get('reason') or summary.get('error')} ({out_dir / SUMMARY_FILE}"
-                        f"; SuperLink log and app kept in {home})")
+                        f"{_log_note(home, out_dir)})")
     return summary
+
+
+def _log_note(home: Path, out_dir: Path) -> str:
+    """Keep the SuperLink's log of a failed run in its out-dir (the temporary folder it was
+    in goes): where the message says."""
+    log = home / "superlink.log"
+    if not log.is_file():
+        return ""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(log, out_dir / FLWR_LOG_FILE)
+    except OSError:
+        return ""
+    return f"; the SuperLink's log: {out_dir / FLWR_LOG_FILE}"
 
 
 def run_summary(out_dir: Path, before: bytes | None, completed: bool) -> dict | None:
@@ -337,10 +434,11 @@ def run_with_flwr(
                   f"client-resources-num-gpus={float(settings.get('client-resources-num-gpus', 0.0))}")
     # Ray's socket paths must stay short, so the private home lives in /tmp
     home = Path(tempfile.mkdtemp(prefix="fc-", dir=workdir))
-    with LocalSimulationSuperLink(home, ray_address) as link:
-        summary = submit_and_wait(run_config, link.env, home, federation_config=fed_config)
-    shutil.rmtree(home, ignore_errors=True)
-    return summary
+    try:   # the temporary folder goes whatever happens (a failed run's log is kept: _log_note)
+        with LocalSimulationSuperLink(home, ray_address) as link:
+            return submit_and_wait(run_config, link.env, home, federation_config=fed_config)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def run_on_deployment(
@@ -351,10 +449,13 @@ def run_on_deployment(
     """Submit to a running SuperLink (a profile's connection, or ``connection``), wait, and
     return the run's summary (RunFailed when it failed)."""
     home = Path(tempfile.mkdtemp(prefix="fc-"))
-    env = connection_env(home, connection or deployment_connection(federation))
-    summary = submit_and_wait(run_config, env, home)
-    shutil.rmtree(home, ignore_errors=True)
-    return summary
+    try:
+        connection = connection or deployment_connection(federation)
+        check_tls_trust(connection)
+        env = connection_env(home, connection)
+        return submit_and_wait(run_config, env, home, stop_run_on_interrupt=True)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def deployment_connection(federation: str) -> dict[str, object]:
@@ -366,6 +467,40 @@ def deployment_connection(federation: str) -> dict[str, object]:
     if "root-certificates" in connection:
         connection["root-certificates"] = str(Path(str(connection["root-certificates"])).resolve())
     return connection
+
+
+def check_tls_trust(connection: dict[str, object], timeout: float = 10.0) -> None:
+    """Refuse (ValueError) a TLS connection whose SuperLink this machine does not trust, before
+    ``flwr run``: Flower reports a failed certificate check as "Please check your network
+    connection", which sends the user looking in the wrong place. Nothing listening is left
+    to Flower (that message is then right)."""
+    if connection.get("insecure"):
+        return
+    address = str(connection.get("address", ""))
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    host = host.strip("[]")
+    ca = connection.get("root-certificates")
+    if ca and not Path(str(ca)).is_file():
+        raise ValueError(f"root-certificates {ca}: no such file (the CA certificate of the "
+                         f"SuperLink at {address})")
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(ca) if ca else None)
+    context.set_alpn_protocols(["h2", "http/1.1"])   # as an HTTP client of the SuperLink
+    trusted_by = f"root-certificates {ca}" if ca else "this machine's trusted certificates"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+            with context.wrap_socket(sock, server_hostname=host):
+                pass
+    except ssl.SSLCertVerificationError as ex:
+        raise ValueError(
+            f"TLS: the SuperLink at {address} presented a certificate that {trusted_by} do not "
+            f"trust ({ex.verify_message}): give the CA that signed it as root-certificates in "
+            f"the connection (for `fedcluster deploy up --tls`: DIR/certs/ca.crt)") from None
+    except OSError:
+        return   # not reachable, or another TLS failure: left to Flower
 
 
 def write_connection(flwr_home: Path, conn: dict[str, object], name: str = "fedcluster") -> None:

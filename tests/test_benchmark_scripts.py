@@ -132,3 +132,13 @@ def test_route_heldout_script_routes_withheld_clients_and_writes_its_rows(tmp_pa
         assert row["routes"] == 4 and len(row["detail"]) == 4 and row["separated"] is True
         assert row["right"] == sum(d["right"] for d in row["detail"])
     assert "fielding: " in out and "routes to the cluster of the client's concept" in out
+
+
+def test_checkpoint_cost_script_times_the_three_settings(tmp_path):
+    rows = tmp_path / "checkpoint.jsonl"
+    out = _run("bench_checkpoint.py", "--rounds-per-step", "1", "--strategies", "ifca",
+               "--jsonl", str(rows))
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert [r["setting"] for r in got] == ["off", "default (every 30 s)", "every round"]
+    assert all(r["rounds"] == 6 and r["s_per_round"] > 0 for r in got)
+    assert "same accuracy: True" in out

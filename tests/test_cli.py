@@ -217,8 +217,8 @@ def test_ctrl_c_before_a_checkpoint_says_there_is_none(tmp_path):
     from fedcluster_app.cli import interrupted
 
     line = interrupted({"out-dir": str(tmp_path), "checkpoint-every": 0})
-    assert line == (f"fedcluster: interrupted: {tmp_path} holds no checkpoint to resume from yet "
-                    "(checkpoint-every = 0: only at the end); run the same command with "
+    assert line == (f"fedcluster: interrupted: {tmp_path} holds no checkpoint to resume from "
+                    "(none was written before the run was stopped); run the same command with "
                     "--overwrite to start again")
 
 

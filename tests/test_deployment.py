@@ -258,3 +258,35 @@ def test_a_crashed_server_resumes_from_its_checkpoint_in_deployment(tmp_path):
         {c: v["cluster"] for c, v in checkpoint_clients(tmp_path / "ref").items()}
     np.testing.assert_allclose([r["accuracy"] for r in rounds], [r["accuracy"] for r in ref_rounds],
                                atol=1e-9)
+
+
+def test_sigterm_to_a_deployment_run_stops_the_submitted_run_and_marks_it_interrupted(tmp_path):
+    """SIGTERM to `fedcluster run --engine deployment`: the run submitted to the SuperLink is
+    stopped too (`flwr stop`; it went on before), its ServerApp exits (the run directory's lock
+    is free), summary.json says "interrupted" with the resume command, exit 143."""
+    import fcntl
+    import signal
+
+    out = tmp_path / "out"
+    with LocalDeployment(tmp_path / "dep", num_nodes=3) as dep:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fedcluster_app.cli", "run", "--engine", "deployment",
+             "--deployment", str(dep.dir), "--scenario", "mixture-swap", "--set",
+             "num-clients=3", "--set", "rounds-per-step=300", "--set", "local-steps=5",
+             "--set", "checkpoint-every=1", "--set", "progress=false", "--out", str(out)],
+            text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoint.npz").is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 143, err[-3000:]
+        logged = len((out / "metrics.jsonl").read_text().splitlines())
+        time.sleep(5)
+        assert len((out / "metrics.jsonl").read_text().splitlines()) == logged   # stopped
+        with open(out / ".fedcluster.lock") as fh:   # its ServerApp is gone
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "stopped by SIGTERM" in summary["reason"]
+    assert summary["resume_command"] == f"fedcluster run --resume {out}"

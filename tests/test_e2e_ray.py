@@ -95,3 +95,60 @@ def _toml(path: Path) -> dict:
     import tomllib
 
     return tomllib.loads(path.read_text())
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_every_process_of_a_ray_run_and_marks_it_interrupted(tmp_path, sig):
+    """SIGINT / SIGTERM to `fedcluster run --engine ray` stop the whole tree it started (the
+    SuperLink, its SuperExec and the simulation run in sessions of their own; Ray's processes
+    under the simulation), by PID; summary.json says "interrupted" with the resume command."""
+    import json
+    import signal
+    import time
+
+    from fedcluster_app.core.server.checkpoint import read_checkpoint
+    from fedcluster_app.launcher import process_tree
+
+    out = tmp_path / "ray"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedcluster_app.cli", "run", "--engine", "ray", "--run-config",
+         str(QUICK), "--set", "rounds-per-step=300", "--set", "checkpoint-every-s=1",
+         "--out", str(out)], cwd=ROOT, text=True, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 240
+    while True:   # running rounds, with a checkpoint
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        try:
+            if read_checkpoint(out)[0]["round"] >= 2:
+                break
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    tree = process_tree(proc.pid)
+
+    def command(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return ""
+
+    commands = " | ".join(command(p) for p in tree)
+    for name in ("flower-superlink", "flwr-simulation", "raylet"):   # the tree is the run's
+        assert name in commands, commands
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + getattr(signal, sig), err[-3000:]
+    time.sleep(1)
+    left = [(p, command(p)) for p in tree if Path(f"/proc/{p}").exists()
+            and Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0] != "Z"]
+    assert left == []
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary
+    assert summary["resume_command"] == f"fedcluster run --resume {out}"
+    assert f"stopped by {sig}" in summary["reason"]
+    assert err.strip().splitlines()[-1].endswith(f"continue it with: fedcluster run --resume {out}")
+    with open(out / ".fedcluster.lock") as fh:   # released
+        import fcntl
+
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

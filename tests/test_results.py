@@ -282,7 +282,8 @@ def test_result_files_get_the_users_usual_permissions(fast_config, umask):
     out = summary["out_dir"]
     modes = {name: os.stat(os.path.join(out, name)).st_mode & 0o777 for name in os.listdir(out)}
     assert modes == {name: 0o666 & ~umask for name in
-                     ("checkpoint.npz", "metrics.jsonl", "plot.png", "summary.json")}
+                     ("checkpoint.npz", "metrics.jsonl", "plot.png", "summary.json",
+                      ".fedcluster.lock")}
 
 
 def test_failed_replace_keeps_old_summary_and_no_temp(tmp_path, monkeypatch):

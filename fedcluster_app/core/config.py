@@ -320,8 +320,11 @@ class DefenceSettings(HParams):
 class ResultSettings(HParams):
     """Results and state: checkpoints, resuming, what is written."""
 
-    checkpoint_every: int = param(0, "write a checkpoint every N rounds; 0 = only at the end",
+    checkpoint_every: int = param(0, "also write a checkpoint every N rounds; 0 = by time only",
                                   ge=0)
+    checkpoint_every_s: float = param(30.0, "write a checkpoint at the end of the first round "
+                                      "that ends this many seconds after the last one (and on "
+                                      "SIGINT/SIGTERM, and at the end); 0 = off", ge=0)
     checkpoint_client_state: bool = param(True, "the checkpoint also keeps every client's "
                                           "context.state (personal models, ...), put back on "
                                           "resume; false = it stays on the devices only")

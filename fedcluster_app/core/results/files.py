@@ -23,6 +23,21 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "plot.png"
 CHECKPOINT_FILE = "checkpoint.npz"   # written and read by core/server/checkpoint.py
+LOCK_FILE = ".fedcluster.lock"       # one writer per run directory: core/run_lock.py
+FLWR_LOG_FILE = "flwr.log"           # the SuperLink's log of a `flwr run` that failed
+# what the tracking backends write into the run directory (core/results/tracking.py)
+CSV_FILE = "metrics.csv"
+TENSORBOARD_DIR = "tensorboard"
+MLFLOW_DB = "mlflow.db"
+MLFLOW_ARTIFACTS = "mlartifacts"
+EXPORT_DIR = "export"                # export = true: the run's models (fedcluster_app/export.py)
+#: the folders a run writes into its directory
+RUN_DIRS = frozenset({TENSORBOARD_DIR, MLFLOW_ARTIFACTS, EXPORT_DIR})
+#: every file a run writes into its directory, besides atomic writes' temporary files
+#: (``.<name>.<hex>.tmp``) and the backups a resume's repair keeps (``metrics.jsonl.<time>.bak``)
+RUN_FILES = frozenset({METRICS_FILE, SUMMARY_FILE, PLOT_FILE, CHECKPOINT_FILE, LOCK_FILE,
+                       FLWR_LOG_FILE, CSV_FILE, TENSORBOARD_DIR,
+                       MLFLOW_DB, MLFLOW_ARTIFACTS, EXPORT_DIR})
 
 REQUIRED_ROUND_KEYS = ("round", "time_step", "accuracy", "num_clusters")
 REQUIRED_SUMMARY_KEYS = (
@@ -38,8 +53,9 @@ REQUIRED_SUMMARY_KEYS = (
     "wall_time_s",
 )
 #: a run's ``status`` in summary.json: completed; degraded (it ran to the end but lost something
-#: on the way, ``reason`` says what); failed (it stopped, ``error`` / ``reason`` say why)
-STATUSES = ("completed", "degraded", "failed")
+#: on the way, ``reason`` says what); failed (it stopped, ``error`` / ``reason`` say why);
+#: interrupted (stopped by a signal, ``resume_command`` continues it)
+STATUSES = ("completed", "degraded", "failed", "interrupted")
 
 # Optional per-round keys whose type the recorder checks when they are present.
 _COUNT_KEYS = ("bytes_up", "bytes_down", "failures", "drifted_clients", "models_allocated")
@@ -205,18 +221,114 @@ def finished_run(run_dir: str | os.PathLike) -> str | None:
     return None
 
 
+def is_run_file(name: str) -> bool:
+    """Whether ``name`` is a file a run writes into its directory (:data:`RUN_FILES`, an atomic
+    write's temporary file, a resume's backup of ``metrics.jsonl``)."""
+    return (name in RUN_FILES or (name.startswith(".") and name.endswith(".tmp"))
+            or (name.startswith(f"{METRICS_FILE}.") and name.endswith(".bak")))
+
+
+def _protected_dirs() -> dict[Path, str]:
+    """Directories a run never writes into, whatever they hold."""
+    repo = Path(__file__).resolve().parents[3]   # the checkout (or site-packages) above the package
+    return {Path("/"): "the filesystem root", Path.home().resolve(): "your home folder",
+            repo: "the repository root" if (repo / "pyproject.toml").is_file() else
+            "the folder the package is installed in"}
+
+
 def check_out_dir(out_dir: str | os.PathLike, *, overwrite: bool = False,
                   continuing: bool = False) -> None:
-    """Refuse (``FileExistsError``) to write into the directory of a finished run, unless
-    ``overwrite`` (replace it) or ``continuing`` (this run resumes that directory's checkpoint).
-    Called before any file of the run is written, so a refusal changes nothing."""
+    """Refuse, before any file of the run is written (so a refusal changes nothing):
+
+    - the filesystem root, the home folder and the repository root (``ValueError``);
+    - a directory holding anything that is not a run's file (``FileExistsError`` naming them):
+      a run never deletes or overwrites a file it did not write;
+    - the directory of a finished run (``FileExistsError``), unless ``overwrite`` (replace it)
+      or ``continuing`` (this run resumes that directory's checkpoint).
+
+    The advice names only what can work: ``--resume`` when the directory has a checkpoint."""
+    out_dir = Path(out_dir)
+    try:
+        out_dir.exists()
+    except OSError as ex:   # e.g. a name over the file-name limit
+        raise ValueError(f"--out {out_dir}: {ex.strerror}") from None
+    what = _protected_dirs().get(out_dir.resolve())
+    if what:
+        raise ValueError(f"--out {out_dir} is {what}: a run writes its files into a directory of "
+                         f"its own; choose one, e.g. --out {out_dir / 'runs' / 'my-run'}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"--out {out_dir} is a file, not a directory; choose another --out")
+    foreign = sorted(entry.name for entry in (out_dir.iterdir() if out_dir.is_dir() else ())
+                     if not (is_run_file(entry.name) and (entry.is_file() or entry.name in
+                                                          RUN_DIRS and entry.is_dir())))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise FileExistsError(
+            f"--out {out_dir} holds files that are not a run's ({shown}); a run never writes "
+            f"over or deletes files it did not write: choose an empty or new directory, e.g. "
+            f"--out {out_dir / 'run'}")
     why = None if overwrite or continuing else finished_run(out_dir)
     if why:
+        resume = (f"--resume {out_dir} to continue that run, "
+                  if (out_dir / CHECKPOINT_FILE).is_file() else "")
         raise FileExistsError(
             f"{out_dir} holds a finished run's results ({why}); a new run does not write over "
-            f"them: pass --overwrite (run-config key overwrite = true) to replace them, or "
-            f"--resume {out_dir} to continue that run, or choose another --out"
+            f"them: pass --overwrite (run-config key overwrite = true) to replace them, "
+            f"{resume}or choose another --out"
         )
+
+
+def reconcile_metrics(out_dir: str | os.PathLike, checkpoint_round: int, *,
+                      repair: bool = False) -> str | None:
+    """Check a resumed directory's ``metrics.jsonl`` against its checkpoint: its first lines
+    must be rounds 1..``checkpoint_round`` in order (a line cut short at the end by a crash is
+    allowed). Lines past them (rounds the run logged after its last checkpoint, or a second
+    writer's) are what a resume drops: with ``repair`` they are cut, the whole file first
+    copied to ``metrics.jsonl.<UTC time>.bak``. Returns a note of what was (or will be) cut,
+    None when nothing; raises ``ValueError`` naming the file and line when the checkpoint's
+    rounds are not all there in order (the summary would be wrong)."""
+    path = Path(out_dir) / METRICS_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    lines = text.splitlines(keepends=True)
+    kept = 0
+    for i, line in enumerate(lines):
+        if kept == checkpoint_round:
+            break
+        try:
+            rnd = json.loads(line, parse_constant=reject_constant).get("round")
+        except (ValueError, AttributeError):
+            rnd = None
+        if rnd != kept + 1:
+            raise ValueError(
+                f"{path}, line {i + 1}: round {rnd!r} where the checkpoint's run has round "
+                f"{kept + 1}: the file does not hold the checkpoint's rounds 1..{checkpoint_round} "
+                f"in order, so a resumed run's summary would be wrong; restore the file, or start "
+                f"the run again with --overwrite")
+        kept += 1
+    if kept < checkpoint_round:
+        raise ValueError(f"{path} holds rounds 1..{kept}, but the checkpoint is after round "
+                         f"{checkpoint_round}: rounds {kept + 1}..{checkpoint_round} are missing, "
+                         f"so a resumed run's summary would be wrong; restore the file, or start "
+                         f"the run again with --overwrite")
+    extra = lines[kept:]
+    if not extra:
+        return None
+    note = (f"{path}: {len(extra)} line(s) after round {checkpoint_round}, the checkpoint's, "
+            f"dropped on resume")
+    if repair:
+        from datetime import datetime, timezone
+
+        from fedcluster_app.core.atomic import atomic_write_bytes
+
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        backup = path.with_name(f"{METRICS_FILE}.{stamp}.bak")
+        atomic_write_bytes(backup, text.encode("utf-8"))
+        atomic_write_bytes(path, "".join(lines[:kept]).encode("utf-8"))
+        note += f" (the file as it was: {backup.name})"
+    return note
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[dict, list[dict]]:

@@ -38,12 +38,13 @@ from urllib.parse import urlparse
 
 from fedcluster_app.core.atomic import atomic_write_bytes
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.results.files import is_number
-
-CSV_FILE = "metrics.csv"
-TENSORBOARD_DIR = "tensorboard"
-MLFLOW_DB = "mlflow.db"
-MLFLOW_ARTIFACTS = "mlartifacts"
+from fedcluster_app.core.results.files import (
+    CSV_FILE,
+    MLFLOW_ARTIFACTS,
+    MLFLOW_DB,
+    TENSORBOARD_DIR,
+    is_number,
+)
 MLFLOW_EXPERIMENT = "fedcluster"
 #: the tag that names an MLflow run's run directory (how a resumed run finds its earlier one)
 RUN_DIR_TAG = "fedcluster.run_dir"

@@ -33,6 +33,7 @@ Weights = list[np.ndarray]
 SAFE_ON_RESUME = frozenset({
     "out-dir", "resume-from", "overwrite",        # where the files go, whether to replace them
     "progress", "plot", "checkpoint-every",       # what is shown and how often state is saved
+    "checkpoint-every-s",
     "checkpoint-client-state",                    # whether clients' state is saved with it
     "export",                                     # whether the models are exported at the end
     "round-timeout", "node-wait-s", "min-nodes",  # how long to wait for clients
@@ -84,7 +85,22 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[int, Weights]]:
     except Exception as ex:  # zip, json or key errors: all mean the file is unusable
         raise ValueError(f"checkpoint {path} is corrupt or not a fedcluster checkpoint: "
                          f"{type(ex).__name__}: {ex}") from None
+    rnd = meta.get("round") if isinstance(meta, dict) else None
+    if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+        raise ValueError(f"checkpoint {path} is corrupt: its 'round' must be a non-negative "
+                         f"integer, got {rnd!r}")
     return meta, models
+
+
+def resume_command(out_dir: str | Path) -> str | None:
+    """The command that continues the run of ``out_dir`` from its checkpoint, None when it
+    has none (a resume would be refused: no checkpoint)."""
+    import shlex
+
+    out_dir = Path(out_dir)
+    if not (out_dir / CHECKPOINT_FILE).is_file():
+        return None
+    return f"fedcluster run --resume {shlex.quote(str(out_dir))}"
 
 
 def checkpoint_file(path: str | Path) -> Path:

@@ -34,7 +34,10 @@ hyper-parameters (``Params``, read from the run-config table ``[tool.flwr.app.co
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import math
+import shutil
 import sys
 import time
 import traceback
@@ -60,6 +63,7 @@ from fedcluster_app.core.server.checkpoint import (
     checkpoint_file,
     read_checkpoint,
     read_client_states,
+    resume_command,
     write_checkpoint,
 )
 from fedcluster_app.core.data.schedules import schedule_digest
@@ -88,6 +92,9 @@ from fedcluster_app.core.results import (
     finished_run,
     format_round_line,
 )
+from fedcluster_app.core.results.files import METRICS_FILE, reconcile_metrics
+from fedcluster_app.core.run_lock import run_lock
+from fedcluster_app.core.stopping import Interrupted, round_loop, stop_requested
 
 Weights = list[np.ndarray]
 
@@ -751,12 +758,25 @@ class ClusteredStrategy(Strategy):
         during the run still writes summary.json with status "failed", then propagates."""
         t0 = time.monotonic()
         out = resolve_out_dir(self.cfg.raw, out_dir)
+        self.check_writable(out)   # refusals first: they touch nothing
+        with run_lock(out):        # one writer per directory, for the whole run
+            return self._run_locked(grid, out, t0)
+
+    def _run_locked(self, grid: Grid, out: Path, t0: float) -> dict[str, Any]:
         resumed_after = self.round
+        if self._continuing(out):   # the files must agree with the checkpoint
+            note = reconcile_metrics(out, self.round, repair=True)
+            if note:
+                log(WARNING, "%s", note)
         recorder = self.open_recorder(out)   # refuses a finished run's directory, touching nothing
         log(INFO, "fedcluster: %s on %s, %d rounds; results in %s", self.name,
             self.exp.scenario.name, self.num_rounds, out)
         try:
-            self._rounds(grid, recorder, out)
+            with round_loop():
+                self._rounds(grid, recorder, out)
+        except (Interrupted, KeyboardInterrupt) as ex:
+            self._finish_interrupted(recorder, out, ex, time.monotonic() - t0)
+            raise
         except Exception as ex:
             log(ERROR, "run failed: %s", traceback.format_exc())
             recorder.finish(status="failed", error=f"{type(ex).__name__}: {ex}", plot=False,
@@ -778,6 +798,11 @@ class ClusteredStrategy(Strategy):
             summary["mean_accuracy"] or 0.0, summary["final_accuracy"] or 0.0,
             out / "summary.json")
         return summary
+
+    def _finish_interrupted(self, recorder: RunRecorder, out: Path,
+                            ex: BaseException, wall_time_s: float) -> None:
+        signame = ex.signame if isinstance(ex, Interrupted) else "SIGINT"
+        finish_interrupted(recorder, out, signame, self.num_rounds, wall_time_s)
 
     def health(self) -> tuple[str, str | None]:
         """The status of a run that got to its end: "failed" when no client was ever admitted,
@@ -806,6 +831,7 @@ class ClusteredStrategy(Strategy):
         self.discover(grid)
         if not resumed:
             self.on_start()
+        last_checkpoint = time.monotonic()
         for rnd in range(self.round + 1, total + 1):
             step = self.protocol.time_step(rnd)
             new_step = self.protocol.starts_step(rnd)
@@ -860,8 +886,16 @@ class ClusteredStrategy(Strategy):
             recorder.log_round(record)
             if self.cfg.progress and (evaluated or new_step):
                 log(INFO, "%s", format_round_line(record, total))
-            if self.cfg.checkpoint_every and rnd % self.cfg.checkpoint_every == 0:
+            # periodic checkpoints (by rounds, by time), and one when a signal asked the run to
+            # stop: at a round's end, so a checkpoint always holds whole rounds
+            stop = stop_requested() if rnd < total else None
+            every, every_s = self.cfg.checkpoint_every, self.cfg.checkpoint_every_s
+            if (stop is not None or (every and rnd % every == 0)
+                    or (every_s and time.monotonic() - last_checkpoint >= every_s)):
                 self.save_checkpoint(out_dir / CHECKPOINT_FILE, grid)
+                last_checkpoint = time.monotonic()
+            if stop is not None:
+                raise Interrupted(stop, checkpointed_round=rnd)
         self.step = None
         self.save_checkpoint(out_dir / CHECKPOINT_FILE, grid)
 
@@ -897,16 +931,23 @@ class ClusteredStrategy(Strategy):
     #: the checkpoint file load_checkpoint read (None: not resumed from a file)
     resumed_from: Path | None = None
 
+    def _continuing(self, out: Path) -> bool:
+        """Whether this run continues the checkpoint of ``out`` itself (its files with it)."""
+        return (self.round > 0 and self.resumed_from is not None
+                and self.resumed_from.parent == Path(out).resolve())
+
     def check_writable(self, out: Path) -> None:
         """Refuse, before any file is touched: writing into another finished run's directory
-        (unless ``overwrite``; continuing the checkpoint of ``out`` itself is fine), and a
-        checkpoint past this run's last round."""
-        continuing = (self.round > 0 and self.resumed_from is not None
-                      and self.resumed_from.parent == Path(out).resolve())
+        (unless ``overwrite``; continuing the checkpoint of ``out`` itself is fine), or into one
+        that holds files that are not a run's; a checkpoint past this run's last round; a
+        directory whose metrics.jsonl lacks rounds the checkpoint has (``reconcile_metrics``)."""
+        continuing = self._continuing(out)
         check_out_dir(out, overwrite=self.cfg.overwrite, continuing=continuing)
         if self.round > self.num_rounds:
             raise ValueError(f"the checkpoint is after round {self.round}, but this run has only "
                              f"{self.num_rounds} rounds")
+        if continuing:
+            reconcile_metrics(out, self.round)
 
     def open_recorder(self, out: Path) -> RunRecorder:
         self.check_writable(out)
@@ -976,7 +1017,20 @@ class ClusteredStrategy(Strategy):
         client's context.state, so that a resumed run continues the clients exactly too."""
         states = (self.pull_client_states(grid)
                   if grid is not None and self.cfg.checkpoint_client_state else {})
-        write_checkpoint(path, *self.state_dict(), states)
+        meta, models = self.state_dict()
+        try:
+            write_checkpoint(path, meta, models, states)
+        except OSError as ex:
+            if ex.errno != errno.ENOSPC:
+                raise
+            # the write is atomic: the checkpoint before this one is still whole
+            need = (sum(a.nbytes for ws in models.values() for a in ws)
+                    + sum(map(len, states.values())) + len(json.dumps(meta)))
+            free = shutil.disk_usage(Path(path).parent).free
+            raise OSError(errno.ENOSPC, (
+                f"no space left for the checkpoint of round {self.round} in {Path(path).parent}: "
+                f"it needs about {need / 1e6:.1f} MB, {free / 1e6:.1f} MB are free; the last "
+                f"checkpoint written ({path}) is intact: free space, then resume it")) from None
 
     def pull_client_states(self, grid: Grid) -> dict[int, bytes]:
         """Every reachable client's context.state, serialised; a client that does not answer
@@ -1125,6 +1179,37 @@ def scale_update(weights: Weights, sent: Weights, factor: float) -> Weights:
     """``sent + factor * (weights - sent)`` on the float arrays; other arrays as returned."""
     return [(b + factor * (a.astype(np.float64) - b)).astype(a.dtype) if a.dtype.kind == "f" else a
             for a, b in zip(weights, sent)]
+
+
+def finish_interrupted(recorder: RunRecorder, out: Path, signame: str, num_rounds: int,
+                       wall_time_s: float) -> dict[str, Any]:
+    """summary.json of a run stopped by a signal: status "interrupted", the rounds it logged,
+    and the command that continues it from its last checkpoint (``resume_command``)."""
+    logged = recorder.rounds[-1]["round"] if recorder.rounds else 0
+    try:
+        checkpointed = int(read_checkpoint(out)[0]["round"])
+    except (FileNotFoundError, ValueError, KeyError):
+        checkpointed = None
+    command = resume_command(out)
+    reason = (f"stopped by {signame} after round {logged} of {num_rounds}; "
+              + (f"its checkpoint is after round {checkpointed}; continue it with: {command}"
+                 if command else "no checkpoint was written yet"))
+    log(WARNING, "fedcluster: %s", reason)
+    return recorder.finish(status="interrupted", reason=reason, plot=False,
+                           extra={"wall_time_s": wall_time_s, "out_dir": str(out),
+                                  "checkpoint_round": checkpointed, "resume_command": command})
+
+
+def mark_interrupted(strategy: ClusteredStrategy, out: Path, signame: str,
+                     wall_time_s: float) -> dict[str, Any] | None:
+    """For a run whose ServerApp ran in another process, stopped with it (``fedcluster run
+    --engine ray``): its summary.json says "interrupted" (``finish_interrupted``); None when
+    the run had written nothing yet."""
+    if not (out / METRICS_FILE).is_file():
+        return None
+    recorder = RunRecorder(out, strategy=strategy.name, scenario=strategy.exp.scenario.name,
+                           seed=strategy.cfg.seed, config=dict(strategy.cfg.raw), resume=True)
+    return finish_interrupted(recorder, out, signame, strategy.num_rounds, wall_time_s)
 
 
 def resolve_out_dir(run_config: dict[str, Any], out_dir: str | Path | None = None) -> Path:
