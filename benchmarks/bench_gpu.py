@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests" / "golden")]
 
-from raw_rows import load_average, machine, write_rows  # noqa: E402
+from harness import load_average, machine, write_rows  # noqa: E402
 
 SECTIONS = ("env", "families", "scaling", "endtoend", "ray")
 #: each section's share of the time budget (two Ray start-ups take a minute or more)
