@@ -142,6 +142,7 @@ def write_rows(path: str | Path | None, rows: list[dict], sort_keys: bool = Fals
     if load_start is not None:
         stamp = machine(load_start)
         rows = [r if "load_end" in r else {**r, **stamp} for r in rows]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a" if append else "w") as fh:
         fh.writelines(json.dumps(r, sort_keys=sort_keys) + "\n" for r in rows)
     print(f"wrote {path} ({len(rows)} rows)")
