@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import assignments, parser, write_rows
+from harness import assignments, load_average, parser, write_rows
 
 from fedcluster_app.core.results import compare_runs
 from fedcluster_app.engine import run_inprocess
@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--runs-dir", type=Path, default=Path("runs/compare"))
     args = ap.parse_args()
     extra = assignments(args.set)
+    load_start = load_average()
     dirs, rows = [], []
     for strategy in args.strategies:
         for seed in args.seeds:
@@ -39,7 +40,7 @@ def main() -> None:
                                           if isinstance(v, (int, float, str, type(None)))
                                           and k != "out_dir"}})
     print(compare_runs(dirs, out_path=args.runs_dir / "comparison.png"))
-    write_rows(args.jsonl, rows)
+    write_rows(args.jsonl, rows, load_start=load_start)     # the runs' wall times
 
 
 if __name__ == "__main__":
