@@ -17,7 +17,6 @@ them) beside the paper's numbers, plus seconds per run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex

@@ -12,7 +12,8 @@ share once, with one name for one thing:
 
 Timing rows carry :func:`machine`: the load average at the start and the end of the measurement,
 the cores and the processor, since the machines are shared and a wall time means little without
-them; :func:`write_rows` with ``load_start`` stamps every row that lacks it.
+them; :func:`write_rows` with ``load_start`` stamps every row that lacks it. (A row read back
+from a run finished earlier, whose times were measured then, gets no stamp of today's machine.)
 
 The scripts are run as ``python benchmarks/NAME.py`` from the repository root (so ``benchmarks/``
 is on ``sys.path``) with the package installed: none of them edits ``sys.path``.
