@@ -13,13 +13,12 @@ the clients when it is written.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
 from pathlib import Path
 
-from raw_rows import load_average, machine, write_rows
+from harness import load_average, machine, parser, write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {   # name: run-config keys
@@ -34,10 +33,9 @@ def main() -> None:
 
     from fedcluster_app.engine import run_inprocess
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__.splitlines()[0], jsonl="one setting of one strategy: seconds per round",
+                strategies=["ifca", "fedccfa"])
     ap.add_argument("--rounds-per-step", type=int, default=300)
-    ap.add_argument("--strategies", nargs="+", default=["ifca", "fedccfa"])
-    ap.add_argument("--jsonl", default="")
     args = ap.parse_args()
     base = {**tomllib.loads((ROOT / "presets" / "quick.toml").read_text()),
             "progress": False, "plot": False}

@@ -10,7 +10,6 @@ number of message waves per round (train, evaluate).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -19,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from raw_rows import load_average, machine, write_rows
+from harness import load_average, machine, parser, write_rows
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.results import load_run
@@ -35,10 +34,8 @@ def clientapp_import_seconds() -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__, jsonl="one per engine (and one for the ClientApp import)")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--jsonl", default="", help="also write one JSON line per engine (and one for "
-                                                "the ClientApp import)")
     args = ap.parse_args()
     load_start = load_average()
     with tempfile.TemporaryDirectory() as tmp:

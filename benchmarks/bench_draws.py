@@ -15,21 +15,16 @@ it; the rest stacks the jobs).
 
 from __future__ import annotations
 
-import argparse
-import sys
 import timeit
-from pathlib import Path
 
 import numpy as np
 from feddrift_grid import TrainerClock
-from raw_rows import load_average, machine, write_rows
+from harness import load_average, machine, parser, write_rows
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from fedcluster_app.core.config import TrainConfig  # noqa: E402
-from fedcluster_app.core.client.kernels import numpy_train_many  # noqa: E402
-from fedcluster_app.core.sampling import bootstrap_rows, choice_batches, seeded  # noqa: E402
-from fedcluster_app.core.training import batch_indices, round_draws  # noqa: E402
+from fedcluster_app.core.config import TrainConfig
+from fedcluster_app.core.client.kernels import numpy_train_many
+from fedcluster_app.core.sampling import bootstrap_rows, choice_batches, seeded
+from fedcluster_app.core.training import batch_indices, round_draws
 
 N, SIZE, STEPS = 500, 50, 50
 
@@ -53,9 +48,7 @@ def timed_trainer(fn, repeats: int, clock: TrainerClock) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=2000)
-    ap.add_argument("--jsonl", default="")
+    ap = parser(__doc__, jsonl="one per measurement", repeats=2000)
     args = ap.parse_args()
     load = load_average()
     a, b = np.random.default_rng(0), np.random.default_rng(0)

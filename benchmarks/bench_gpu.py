@@ -48,10 +48,9 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests" / "golden")]
+from harness import add_row, load_average, load_module, machine, parser, write_rows
 
-from raw_rows import load_average, machine, write_rows  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SECTIONS = ("env", "families", "scaling", "endtoend", "ray")
 #: each section's share of the time budget (two Ray start-ups take a minute or more)
@@ -61,8 +60,7 @@ SHARES = {"env": 0.02, "families": 0.32, "scaling": 0.28, "endtoend": 0.1, "ray"
 # ------------------------------------------------------------------------------ helpers
 def emit(path: str, row: dict) -> None:
     """Append one row to the section's file at once (a section cut short keeps its rows)."""
-    with open(path, "a") as fh:
-        fh.write(json.dumps(row) + "\n")
+    add_row(path, row)
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -141,7 +139,7 @@ def section_env(args, out: str) -> None:
 def family_runs(quick: bool) -> list[tuple[str, dict]]:
     """The golden runs, each family's paper runs first (one per family, then the rest), so a
     section cut short has covered every family."""
-    import golden
+    golden = load_module("tests/golden/golden.py")
 
     paper = [(f"{family}/{s}", {**golden.QUIET, **cfg, "strategy": s})
              for family, (names, cfg) in golden.FAMILY_RUNS.items() for s in names]
@@ -253,7 +251,7 @@ def section_families(args, out: str) -> None:
         sides[on] = work / f"{on.replace(':', '')}.jsonl"
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "--child", "families", "--on", on, "--device", args.device,
-             "--budget-s", str(args.budget_s * 0.9), "--work", str(work), "--rows", str(sides[on]),
+             "--budget-s", str(args.budget_s * 0.9), "--work", str(work), "--jsonl", str(sides[on]),
              *child_flags(args)], env=child_env()))
     for proc in procs:
         try:
@@ -537,7 +535,7 @@ def run_section(name: str, args, work: Path) -> list[dict]:
                                                "work": str(work)}), str(rows))
     else:
         cmd = [sys.executable, __file__, "--child", name, "--device", args.device,
-               "--budget-s", str(budget * 0.9), "--work", str(work), "--rows", str(rows),
+               "--budget-s", str(budget * 0.9), "--work", str(work), "--jsonl", str(rows),
                *child_flags(args)]
         try:
             res = subprocess.run(cmd, env=child_env(), timeout=budget * 1.5 + 30,
@@ -592,13 +590,11 @@ def report(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, jsonl="every section's rows (a child: its section's)")
     ap.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (the CPU in its place)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (the script's test)")
     ap.add_argument("--budget-s", type=float, default=330.0, help="time for all sections")
     ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
-    ap.add_argument("--jsonl", default="", help="write every row to this file")
     ap.add_argument("--runs", nargs="+", default=[],
                     help="families: only the runs whose names start so (e.g. fedccfa/ fast/ifca)")
     ap.add_argument("--modes", nargs="+", default=[],
@@ -610,18 +606,18 @@ def main() -> None:
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--on", default="", help=argparse.SUPPRESS)
     ap.add_argument("--work", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--rows", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         try:
-            CHILDREN[args.child](args, args.rows)
+            CHILDREN[args.child](args, args.jsonl)
         except Exception:  # noqa: BLE001 - the parent reports it
-            emit(args.rows, {"section": args.child, "status": "error",
+            emit(args.jsonl, {"section": args.child, "status": "error",
                              "error": traceback.format_exc()[-1500:]})
         return
     from fedcluster_app.core.models import resolve_device
 
     resolve_device(args.device)       # a GPU that is not there fails here, by name
+    load_start = load_average()
     work = Path(tempfile.mkdtemp(prefix="bench_gpu_"))
     rows: list[dict] = []
     try:
@@ -630,7 +626,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(rows)
-    write_rows(args.jsonl, rows)
+    write_rows(args.jsonl, rows, load_start=load_start)   # the families' runs are timed too
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ final weights must agree up to rounding). Target: batched at most 1.0x the bare 
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import RecordDict
-from raw_rows import load_average, machine, write_rows
+from harness import load_average, machine, parser, write_rows
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import default_run_config, merge_overrides
@@ -66,11 +65,9 @@ def inprocess(run_config: dict, batch: bool) -> tuple[float, list[np.ndarray]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__, jsonl="one per way of running (every repeat's seconds, the best)",
+                repeats=2)
     ap.add_argument("--rounds", type=int, default=100)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--jsonl", default="", help="one JSON line per way of running (every repeat's "
-                                                "seconds, the best, the load)")
     args = ap.parse_args()
     load_start = load_average()
     with tempfile.TemporaryDirectory() as tmp:

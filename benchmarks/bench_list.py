@@ -10,7 +10,6 @@ slows every form alike); exits 1 if a form is over the limit.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -18,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from raw_rows import load_average, machine, write_rows
+from harness import load_average, machine, parser, write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,10 +49,9 @@ def load() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3, help="runs per form (the median is shown)")
+    ap = parser(__doc__, jsonl="one per form (every run's seconds)", repeats=3,
+                repeats_help="runs per form (the median is shown)")
     ap.add_argument("--limit", type=float, default=1.0, help="slowest allowed, seconds")
-    ap.add_argument("--jsonl", default="", help="one JSON line per form (every run's seconds)")
     args = ap.parse_args()
     load_start = load_average()
 
@@ -62,7 +60,7 @@ def main() -> int:
     print(f"{'form':<52} {'seconds':>8} {'/ limit':>8}")
     over, rows = [], []
     for form in FORMS:
-        runs = [wall_seconds(base + form) for _ in range(args.repeat)]
+        runs = [wall_seconds(base + form) for _ in range(args.repeats)]
         seconds = statistics.median(runs)
         rows.append({"form": "fedcluster " + " ".join(form), "seconds": [round(s, 3) for s in runs],
                      "median_s": round(seconds, 3), "limit_s": args.limit})

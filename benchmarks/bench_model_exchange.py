@@ -14,18 +14,10 @@ the CPU time per client's model, and their ratio, measured in one process, alter
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from raw_rows import load_average, machine, write_rows  # noqa: E402
+from harness import load_average, machine, parser, write_rows
 
 CLIENTS = 10
 LAYERS = [(4, 2), (4,), (2, 4), (2,)]       # the 2-4-2 MLP: w1, b1, w2, b2
@@ -58,10 +50,8 @@ def exchange(shapes, sent, returned, instruction) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=30, help="alternations of the three cases")
-    ap.add_argument("--jsonl", default="", help="write the raw rows (JSON lines) here")
+    ap = parser(__doc__, jsonl="one per case", repeats=30,
+                repeats_help="alternations of the three cases")
     args = ap.parse_args()
     from flwr.supercore.task_identity import TaskIdentity
 

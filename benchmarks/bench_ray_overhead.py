@@ -13,20 +13,15 @@ and whether the two produced the same metrics (they must: same seed, same result
 
 from __future__ import annotations
 
-import argparse
 import resource
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from raw_rows import load_average, machine, write_rows
+from harness import assignments, load_average, machine, parser, write_rows
 
-from fedcluster_app.core.config import (
-    default_run_config,
-    merge_overrides,
-    parse_assignment,
-)
+from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import load_run
 from fedcluster_app.engine import run_inprocess
@@ -49,19 +44,16 @@ def timed(run) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__, jsonl="one per engine (times, load, metric)", overrides=True)
     ap.add_argument("--scenario", default="mixture-swap")
     ap.add_argument("--strategy", default="ifca")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds-per-step", type=int, default=5)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="any other run-config key, repeatable")
-    ap.add_argument("--jsonl", default="", help="one JSON line per engine (times, load, metric)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = {"strategy": args.strategy, "scenario": args.scenario, "seed": args.seed,
                 "progress": False, "rounds-per-step": args.rounds_per_step, "plot": False,
-                **dict(parse_assignment(s) for s in args.set)}
+                **assignments(args.set)}
         rc_in = merge_overrides(default_run_config(), {**base, "out-dir": f"{tmp}/inprocess"})
         rc_ray = merge_overrides(default_run_config(), {**base, "out-dir": f"{tmp}/ray"})
         n = load_experiment(rc_in).scenario.num_clients

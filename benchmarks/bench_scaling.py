@@ -13,7 +13,6 @@ the smallest size: 1.0 means linear scaling.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -21,10 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from harness import load_average, parser, write_rows
 
-from raw_rows import processor  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
 import json, logging, resource, statistics, sys, tempfile, time
@@ -49,15 +47,15 @@ print(json.dumps({"clients": n, "batched": batch, "rounds": rounds, "status": su
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, jsonl="one per size and mode", append=True,
+                renamed={"--out": ("--append", "--jsonl")})
     ap.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--unbatched", action="store_true", help="also one client after the other")
-    ap.add_argument("--out", default="", help="append the rows (JSON lines) to this file")
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FEDCLUSTER_TORCH_THREADS": "1"}
     rows = []
-    load0 = os.getloadavg()[0]
+    load_start = load_average()
     for batch in ([True, False] if args.unbatched else [True]):
         for n in args.clients:
             with tempfile.TemporaryDirectory() as tmp:
@@ -67,9 +65,9 @@ def main() -> None:
             if res.returncode != 0:
                 raise SystemExit(f"{n} clients failed:\n{res.stderr[-2000:]}")
             rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
-    load1 = os.getloadavg()[0]
+    load_end = load_average()
     print(f"FedAvg on circle2, 1 local step, {args.rounds} rounds per size; load average "
-          f"{load0:.2f} at the start, {load1:.2f} at the end, {os.cpu_count()} cores")
+          f"{load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end, {os.cpu_count()} cores")
     print(f"{'clients':>8} {'mode':>10} {'s/round':>9} {'ms/client':>10} {'peak MiB':>9} "
           f"{'vs linear':>9}")
     for batch in sorted({r["batched"] for r in rows}, reverse=True):
@@ -81,11 +79,7 @@ def main() -> None:
             print(f"{r['clients']:>8} {'batched' if batch else 'one by one':>10} "
                   f"{r['round_s']:>9.3f} {1000 * per:>10.3f} {r['peak_rss_mib']:>9.0f} "
                   f"{r['vs_linear']:>9.2f}")
-    if args.out:
-        with open(args.out, "a") as fh:
-            for r in rows:
-                fh.write(json.dumps({**r, "load_start": round(load0, 2),
-                                     "load_end": round(load1, 2), **processor()}) + "\n")
+    write_rows(args.jsonl, rows, append=args.append, load_start=load_start)
 
 
 if __name__ == "__main__":

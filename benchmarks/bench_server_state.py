@@ -9,13 +9,13 @@ measures the Python heap the strategy holds (tracemalloc), and the size of its c
 
 from __future__ import annotations
 
-import argparse
 import gc
 import tempfile
 import tracemalloc
 from pathlib import Path
 
 from flwr.app import Message
+from harness import parser
 
 from fedcluster_app.api import build_strategy
 from fedcluster_app.core import codec
@@ -44,7 +44,7 @@ class InfoOnlyGrid(InProcessGrid):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--clients", type=int, default=10_000)
     ap.add_argument("--strategy", default="ifca")
     args = ap.parse_args()

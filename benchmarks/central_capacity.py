@@ -11,10 +11,9 @@ training budget on CIRCLE-2.
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
-from raw_rows import write_rows
+from harness import parser, write_rows
 
 from fedcluster_app.api import build_scenario
 from fedcluster_app.core.config import TrainConfig
@@ -23,12 +22,10 @@ from fedcluster_app.core.training import evaluate, limit_threads, local_train
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__, jsonl="one per trained model", seeds=[0, 1, 2])
     ap.add_argument("--scenario", default="circle2")
     ap.add_argument("--hidden", nargs="+", type=int, default=[4, 16])
     ap.add_argument("--steps", nargs="+", type=int, default=[1000, 8000])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--jsonl", default="", help="write one JSON line per trained model here")
     args = ap.parse_args()
     rows = []
     limit_threads()

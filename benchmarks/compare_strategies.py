@@ -10,30 +10,27 @@ one JSON line per run: its summary (scalars only) with the settings it ran with.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from raw_rows import write_rows
+from harness import assignments, load_average, parser, write_rows
 
-from fedcluster_app.core.config import parse_assignment
 from fedcluster_app.core.results import compare_runs
 from fedcluster_app.engine import run_inprocess
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__, jsonl="one per run", seeds=[0, 1, 2],
+                strategies=["fedavg", "ifca", "oracle"], overrides=True,
+                renamed={"--out": ("--runs-dir",)})
     ap.add_argument("--scenario", default="circle2")
-    ap.add_argument("--strategies", nargs="+", default=["fedavg", "ifca", "oracle"])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--out", type=Path, default=Path("runs/compare"))
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--jsonl", default="", help="write one JSON line per run here (raw rows)")
+    ap.add_argument("--runs-dir", type=Path, default=Path("runs/compare"))
     args = ap.parse_args()
-    extra = dict(parse_assignment(s) for s in args.set)
+    extra = assignments(args.set)
+    load_start = load_average()
     dirs, rows = [], []
     for strategy in args.strategies:
         for seed in args.seeds:
-            out = (args.out / f"{strategy}-s{seed}").resolve()
+            out = (args.runs_dir / f"{strategy}-s{seed}").resolve()
             summary = run_inprocess({**extra, "strategy": strategy, "scenario": args.scenario,
                                      "seed": seed, "overwrite": True, "out-dir": str(out),
                                      "progress": False, "protocol": "none"})
@@ -42,8 +39,8 @@ def main() -> None:
                          "set": extra, **{k: v for k, v in summary.items()
                                           if isinstance(v, (int, float, str, type(None)))
                                           and k != "out_dir"}})
-    print(compare_runs(dirs, out_path=args.out / "comparison.png"))
-    write_rows(args.jsonl, rows)
+    print(compare_runs(dirs, out_path=args.runs_dir / "comparison.png"))
+    write_rows(args.jsonl, rows, load_start=load_start)     # the runs' wall times
 
 
 if __name__ == "__main__":

@@ -19,21 +19,22 @@ every round. Also printed: the accuracy drop after the drift and the rounds to r
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from harness import add_row, load_average, machine, parser, start_rows
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.models import build_model, set_weights
 from fedcluster_app.core.server.strategy import read_checkpoint
+from fedcluster_app.core.training import evaluate
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.families.fedccfa.classifiers import drift_recovery
-from fedcluster_app.families.fedccfa.client import _accuracy, general_test_set
+from fedcluster_app.families.fedccfa.client import general_test_set
 
 STEPS, RPS, DRIFT_STEP = 12, 5, 7
 # digits-ccfa: the paper's partition (>= 5 training samples of every class per client and step)
@@ -66,7 +67,7 @@ def final_gen_accuracy_from_checkpoint(run_config: dict, out_dir: Path) -> float
     model = build_model(exp.spec, 0)
     set_weights(model, weights)
     step = exp.scenario.num_steps
-    accs = [_accuracy(model, *general_test_set(exp.scenario, exp.scenario.concept(k, step)))[1]
+    accs = [evaluate(model, *general_test_set(exp.scenario, exp.scenario.concept(k, step)))[1]
             for k in range(exp.scenario.num_clients)]
     return float(np.mean(accs))
 
@@ -106,30 +107,30 @@ def run_one(setting: str, method: str, seed: int, root: Path, scenario: str = ""
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, jsonl="one per run, written as it ends", append=True, seeds=[0, 1, 2],
+                renamed={"--json": ("--append", "--jsonl"), "--out": ("--runs-dir",)})
     ap.add_argument("--settings", nargs="+", default=["none", "sudden"], choices=list(SCENARIOS))
     ap.add_argument("--methods", nargs="+", default=["fedavg", "fedrep", "fedccfa"],
                     choices=list(VARIANTS))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--out", default="runs/fedccfa-bench")
+    ap.add_argument("--runs-dir", default="runs/fedccfa-bench")
     ap.add_argument("--scenario", default="", help="another image scenario with swap concepts "
                     "(e.g. digits-swap: no per-class minimum); default digits-ccfa")
-    ap.add_argument("--json", default="", help="append every result row to this JSON-lines file")
     args = ap.parse_args(argv)
-    root = Path(args.out)
+    root = Path(args.runs_dir)
+    start_rows(args.jsonl, args.append)
     rows = []
     for setting in args.settings:
         for seed in args.seeds:
             for method in args.methods:
+                load = load_average()
                 row = run_one(setting, method, seed, root, args.scenario)
+                row = {**row, **machine(load)}      # its wall time's context
                 rows.append(row)
                 drop = "-" if row["drop"] is None else f"{100 * row['drop']:.1f}"
                 print(f"{setting:12s} {method:16s} seed {seed}: gen {100 * row['gen_final']:.1f}  "
                       f"own-split {100 * row['acc_final']:.1f}  drop {drop}  "
                       f"recover {row['rounds_to_recover']}  ({row['wall_s']} s)", flush=True)
-                if args.json:
-                    with open(args.json, "a") as fh:
-                        fh.write(json.dumps(row) + "\n")
+                add_row(args.jsonl, row)
     print("\nmean (std) over seeds, generalised accuracy %:")
     for setting in args.settings:
         for method in args.methods:

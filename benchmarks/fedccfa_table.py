@@ -1,4 +1,4 @@
-"""Markdown tables from the JSON-lines rows that ``fedccfa_small.py --json`` writes.
+"""Markdown tables from the JSON-lines rows that ``fedccfa_small.py --jsonl`` writes.
 
     python benchmarks/fedccfa_table.py runs/fedccfa-bench/*.jsonl
     python benchmarks/fedccfa_table.py --clusters runs/fedccfa-bench/sudden-fedccfa-s*   # acceptance check 3 (docs/fedccfa.md)
@@ -11,6 +11,7 @@ import sys
 from collections import defaultdict
 
 import numpy as np
+from harness import parser
 
 
 def main(paths: list[str]) -> int:
@@ -35,10 +36,6 @@ def main(paths: list[str]) -> int:
               f"{a.mean():.1f} | - | ", end="")
         print(f"{' / '.join('never' if v is None else str(v) for v in rec) if drops else '-'} |")
     return 0
-
-
-if __name__ == "__main__" and (len(sys.argv) < 2 or sys.argv[1] != "--clusters"):
-    sys.exit(main(sys.argv[1:]))
 
 
 def cluster_sanity(run_dirs: list[str], drift_round: int = 31) -> None:
@@ -73,5 +70,18 @@ def n_lt(record: dict, c: int) -> bool:
     return False
 
 
-if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--clusters":
-    cluster_sanity(sys.argv[2:])
+def cli() -> int:
+    ap = parser(__doc__)
+    ap.add_argument("paths", nargs="+", metavar="PATH",
+                    help="rows of fedccfa_small.py --jsonl; with --clusters, FedCCFA run folders")
+    ap.add_argument("--clusters", action="store_true",
+                    help="the clustering sanity check (acceptance check 3) on run folders")
+    args = ap.parse_args()
+    if args.clusters:
+        cluster_sanity(args.paths)
+        return 0
+    return main(args.paths)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -9,7 +9,7 @@ both, their ratio and whether the accuracies agree, then projects the grid of 22
 so grid hours = 4 x 5 x sum(CPU per method) / 2. Each row also holds the CPU time spent inside
 the compiled trainer (``trainer_cpu_s``) and the compiled draws of generators, bootstrap samples
 and minibatches (``draws_cpu_s``): the arithmetic both ways pay, the floor of a run.
-The per-run results (JSON lines) go to ``--out``. Targets: the grid in at most 15 minutes;
+The per-run results (JSON lines) go to ``--jsonl`` (``--append``: after the rows there). Targets: the grid in at most 15 minutes;
 batched at least 5x unbatched per run.
 
     python benchmarks/feddrift_grid.py [--dataset circle2] [--rounds 100] [--local-steps 50]
@@ -20,20 +20,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import os
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from feddrift_reproduce import PAPER, TABLE2, run_config  # noqa: E402
-from raw_rows import processor  # noqa: E402
+from feddrift_reproduce import PAPER, TABLE2, run_config
+from harness import add_row, load_average, machine, parser, start_rows
 
 GRID_RUNS_PER_METHOD = 4 * 5        # datasets x seeds
 CORES = 2
@@ -114,7 +107,7 @@ def measure(strategy: str, dataset: str, batch: bool, args, clock: TrainerClock,
     with tempfile.TemporaryDirectory() as tmp:
         args.runs_dir = tmp
         cfg = {**run_config(strategy, dataset, args.seed, args), "batch-clients": batch}
-        load = os.getloadavg()[0]
+        load = load_average()
         clock.seconds = draws.seconds = 0.0
         wall, cpu = time.perf_counter(), time.process_time()
         summary = run_inprocess(cfg)
@@ -124,7 +117,7 @@ def measure(strategy: str, dataset: str, batch: bool, args, clock: TrainerClock,
             "acc_omit": summary.get("acc_omit"), "acc_include": summary.get("acc_include"),
             "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
             "trainer_cpu_s": round(clock.seconds, 4), "draws_cpu_s": round(draws.seconds, 4),
-            "load_start": round(load, 2), **processor()}
+            **machine(load)}
 
 
 def grid_minutes(cpu_s: float) -> float:
@@ -133,7 +126,8 @@ def grid_minutes(cpu_s: float) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, jsonl="one per run, written as it ends", append=True,
+                renamed={"--out": ("--append", "--jsonl")})
     ap.add_argument("--dataset", default="circle2")
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--local-steps", type=int, default=50)
@@ -142,7 +136,6 @@ def main() -> None:
     ap.add_argument("--optimizer-state", default="round", choices=("round", "step"),
                     help="Adam state: fresh every round (default) or kept through a time step")
     ap.add_argument("--methods", nargs="+", default=TABLE2, help="paper row names")
-    ap.add_argument("--out", default="", help="append the per-run rows (JSON lines) here")
     ap.set_defaults(overrides={})          # run_config's --set of feddrift_reproduce.py: none
     args = ap.parse_args()
     from flwr.common.logger import FLOWER_LOGGER
@@ -152,6 +145,7 @@ def main() -> None:
     clock, draws = TrainerClock(), DrawsClock()
     warm = argparse.Namespace(**{**vars(args), "rounds": 1})
     measure("feddrift", args.dataset, True, warm, clock, draws)  # imports, data caches: not timed
+    start_rows(args.jsonl, args.append)
     rows = []
     for i, method in enumerate(args.methods):
         strategy = PAPER[method][0]
@@ -159,9 +153,7 @@ def main() -> None:
         for batch in ((True, False) if i % 2 == 0 else (False, True)):
             pair[batch] = measure(strategy, args.dataset, batch, args, clock, draws)
             rows.append(pair[batch])
-            if args.out:
-                with open(args.out, "a") as fh:
-                    fh.write(json.dumps(pair[batch]) + "\n")
+            add_row(args.jsonl, pair[batch])
         b, u = pair[True], pair[False]
         same = b["acc_omit"] == u["acc_omit"]
         print(f"{method:16s} batched {b['cpu_s']:7.1f} s CPU ({b['wall_s']:6.1f} wall)  "
@@ -169,7 +161,7 @@ def main() -> None:
               f"{u['cpu_s'] / b['cpu_s']:5.2f}x  trainer {b['trainer_cpu_s']:5.1f} s  "
               f"draws {b['draws_cpu_s']:4.1f} s  "
               f"acc {b['acc_omit']:.4f} vs {u['acc_omit']:.4f}"
-              f"{'' if same else ' (differ)'}  load {b['load_start']:.1f}", flush=True)
+              f"{'' if same else ' (differ)'}  load {b['load_start'][0]:.1f}", flush=True)
     for batch, name in ((True, "batched"), (False, "one by one")):
         cpu = sum(r["cpu_s"] for r in rows if r["batched"] is batch)
         trainer = sum(r["trainer_cpu_s"] for r in rows if r["batched"] is batch)

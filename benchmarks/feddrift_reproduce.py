@@ -17,20 +17,16 @@ them) beside the paper's numbers, plus seconds per run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
-import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
-from raw_rows import write_rows
+from harness import assignments, parser, run_many, write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 DATASETS = ["sine2", "circle2", "sea2", "sea4"]
 # SEA as the authors' data files are (thresholds 8, 9, 7, 9): scored against the same paper column
@@ -137,27 +133,18 @@ def _with_steps(summary: dict, cfg: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, jsonl="one per run (the raw results)", append=True, seeds=[0, 1, 2],
+                workers=1, overrides=True, renamed={"--out": ("--report",)})
     ap.add_argument("--rounds", type=int, default=100, help="rounds per time step R (paper: 100)")
     ap.add_argument("--local-steps", type=int, default=50, help="local Adam steps K (paper: 50)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--datasets", nargs="+", default=DATASETS, choices=DATASETS + AUTHORS_SEA)
     ap.add_argument("--optimizer-state", default="round", choices=("round", "step"),
                     help="round: a fresh Adam every round | step: kept through a time step, "
                          "as the authors' clients")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                    help="a run-config key set on every run, repeatable (e.g. --set "
-                         "feddrift-baselines.driftsurf-delta=0.05); such runs have their own "
-                         "runs directory and their raw rows carry the keys")
-    ap.add_argument("--jsonl", default="", help="write one JSON line per run (the raw results)")
-    ap.add_argument("--append", action="store_true",
-                    help="with --jsonl: add the rows after those already there (one file, "
-                         "several commands)")
     ap.add_argument("--methods", nargs="+", default=TABLE2, help="paper row names (see PAPER)")
-    ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "feddrift-repro"))
-    ap.add_argument("--out", default="", help="markdown file for the table (default: print only)")
+    ap.add_argument("--report", default="", help="markdown file for the table (default: print only)")
     ap.add_argument("--table-only", action="store_true",
                     help="run nothing: render the table from the finished runs in --runs-dir")
     ap.add_argument("--merge", action="store_true",
@@ -165,14 +152,15 @@ def main() -> None:
                          "datasets, seeds and setting) and render the table from all of them, "
                          "e.g. to refresh one method's rows after a change to it")
     args = ap.parse_args()
+    args.argv = ap.argv     # the command the table names
     if args.merge and not args.jsonl:
         ap.error("--merge needs --jsonl (the rows to merge into)")
     if args.append and (args.merge or not args.jsonl):
         ap.error("--append needs --jsonl and goes without --merge")
-    from fedcluster_app.core.config import ConfigError, parse_assignment
+    from fedcluster_app.core.config import ConfigError
 
-    try:
-        args.overrides = dict(parse_assignment(a) for a in args.overrides)
+    try:    # --set's keys, set on every run: such runs have their own runs directory
+        args.overrides = assignments(args.set)
     except ConfigError as e:
         ap.error(str(e))
 
@@ -189,15 +177,12 @@ def main() -> None:
             if (summary := _finished(cfg)) is not None:
                 results[(m, d, s)] = _with_steps(summary, cfg)
         jobs = []
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        futs = {pool.submit(_one, run_config(PAPER[m][0], d, s, args)): (m, d, s) for m, d, s in jobs}
-        for fut in as_completed(futs):
-            key = futs[fut]
-            s = fut.result()
-            results[key] = s
-            print(f"[{len(results)}/{len(jobs)}] {key[0]:16s} {key[1]:8s} seed {key[2]}: "
-                  f"omit {100 * s['acc_omit']:.2f} incl {100 * s['acc_include']:.2f} "
-                  f"models {s.get('models_final')} {s['wall_time_s']:.1f}s", flush=True)
+    configs = [run_config(PAPER[m][0], d, s, args) for m, d, s in jobs]
+    for key, s in zip(jobs, run_many(_one, configs, args.workers)):
+        results[key] = s
+        print(f"[{len(results)}/{len(jobs)}] {key[0]:16s} {key[1]:8s} seed {key[2]}: "
+              f"omit {100 * s['acc_omit']:.2f} incl {100 * s['acc_include']:.2f} "
+              f"models {s.get('models_final')} {s['wall_time_s']:.1f}s", flush=True)
     if args.merge:
         kept = merged_rows(args, set(results))
         results.update(kept)
@@ -205,8 +190,8 @@ def main() -> None:
         methods = sorted(present, key=lambda m: TABLE_ORDER.get(m, 99))
     table = render(results, methods, missing, args, time.time() - t0)
     print(table)
-    if args.out:
-        Path(args.out).write_text(table)
+    if args.report:
+        Path(args.report).write_text(table)
     write_rows(args.jsonl, raw_rows(results, args), append=args.append)
 
 
@@ -306,7 +291,7 @@ def _with_methods(argv: list[str], methods: list[str]) -> list[str]:
 
 
 def render(results: dict, methods: list[str], missing: list[str], args, elapsed: float) -> str:
-    argv = _without_option([a for a in sys.argv[1:] if a not in ("--table-only", "--merge")],
+    argv = _without_option([a for a in args.argv if a not in ("--table-only", "--merge")],
                            "--runs-dir")      # where the runs go changes no number
     if args.merge:   # the page names the command that makes every row from scratch
         argv = _with_methods(argv, methods)

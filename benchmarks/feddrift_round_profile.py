@@ -21,19 +21,13 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from feddrift_grid import TrainerClock  # noqa: E402
-from feddrift_reproduce import PAPER, run_config  # noqa: E402
-from raw_rows import load_average, machine, write_rows  # noqa: E402
+from feddrift_grid import TrainerClock
+from feddrift_reproduce import PAPER, run_config
+from harness import load_average, machine, parser, write_rows
 
 #: (file ending, function name or "*") -> part; a look counts for the deepest frame that matches
 PARTS: list[tuple[str, str, str]] = [
@@ -105,15 +99,13 @@ class Sampler:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, jsonl="one for the run", append=True)
     ap.add_argument("--method", default="KUE", choices=sorted(PAPER))
     ap.add_argument("--dataset", default="circle2")
     ap.add_argument("--rounds", type=int, default=100, help="rounds per time step")
     ap.add_argument("--local-steps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--one-by-one", action="store_true", help="batch-clients = false")
-    ap.add_argument("--jsonl", default="")
     args = ap.parse_args()
     from flwr.common.logger import FLOWER_LOGGER
 
@@ -153,7 +145,7 @@ def main() -> None:
                              "rounds": rounds, "batched": batch, "wall_s": round(wall, 2),
                              "cpu_s": round(cpu, 2), "looks": sampler.looks,
                              "shares": {p: round(s, 4) for p, s in shares.items()},
-                             **machine(load)}], append=True)
+                             **machine(load)}], append=args.append)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 FedRC sends K models to every client, runs K inference passes over its training data (the
 E-step) and K weighted local trainings, and returns K models; FedAvg trains one. Both run here
 in-process on ``shifts-3`` with the preset ``presets/fedrc-shifts3.toml`` (K = 3), alternating
-FedAvg / FedRC / FedEM ``--repeat`` times in this one process so machine load hits all alike;
+FedAvg / FedRC / FedEM ``--repeats`` times in this one process so machine load hits all alike;
 the ratio uses the median seconds per round of each.
 
     python benchmarks/fedrc_cost.py            # 3 x 20 rounds each
@@ -11,7 +11,6 @@ the ratio uses the median seconds per round of each.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -19,18 +18,16 @@ import time
 import tomllib
 from pathlib import Path
 
-from raw_rows import load_average, machine, write_rows
+from harness import load_average, machine, parser, write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, jsonl="one per strategy (every run's seconds per round, the median)",
+                repeats=3, strategies=["fedavg", "fedrc", "fedem"],
+                renamed={"--repeat": ("--repeats",)})
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--strategies", nargs="+", default=["fedavg", "fedrc", "fedem"])
-    ap.add_argument("--jsonl", default="", help="one JSON line per strategy (every run's seconds "
-                                                "per round, the median, the load)")
     args = ap.parse_args()
     load_start = load_average()
     from fedcluster_app.engine import run_inprocess
@@ -38,7 +35,7 @@ def main() -> None:
     preset = tomllib.loads((ROOT / "presets" / "fedrc-shifts3.toml").read_text())
     times: dict[str, list[float]] = {s: [] for s in args.strategies}
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.repeat):
+        for i in range(args.repeats):
             for strategy in args.strategies:
                 out = Path(tmp) / f"{strategy}-{i}"
                 t0 = time.perf_counter()
@@ -60,7 +57,7 @@ def main() -> None:
         for s in args.strategies:
             if s != "fedavg":
                 print(f"{s} / fedavg seconds per round: {med[s] / base:.2f}x "
-                      f"(K = {preset['num-clusters']}, {args.rounds} rounds x {args.repeat})")
+                      f"(K = {preset['num-clusters']}, {args.rounds} rounds x {args.repeats})")
 
 
 if __name__ == "__main__":

@@ -14,26 +14,23 @@ B = 32, SGD lr 0.2, K = 3), in-process, and writes a markdown report with
   this run.
 
     python benchmarks/fedrc_small.py                       # 3 seeds, both scenarios (~1 h on 2 cores)
-    python benchmarks/fedrc_small.py --seeds 0 --rounds 30 --out /tmp/fedrc   # a quick look
-    python benchmarks/fedrc_small.py --scenarios shifts-3 --set init=torch --out runs/fedrc-torch-init
+    python benchmarks/fedrc_small.py --seeds 0 --rounds 30 --runs-dir /tmp/fedrc   # a quick look
+    python benchmarks/fedrc_small.py --scenarios shifts-3 --set init=torch --runs-dir runs/fedrc-torch-init
     python benchmarks/fedrc_small.py --report docs/fedrc_table.md --jsonl docs/fedrc_table.jsonl
 
-Runs already present under ``--out`` (a summary.json with status "completed" and the same
+Runs already present under ``--runs-dir`` (a summary.json with status "completed" and the same
 number of rounds) are reused, so an interrupted sweep continues where it stopped.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import tomllib
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from raw_rows import write_rows
+from harness import assignments, parser, run_many, write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "presets" / "fedrc-shifts3.toml"
@@ -149,30 +146,24 @@ def report(rows: list[dict], seeds: list[int], rounds: int, command: str) -> str
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap = parser(__doc__, jsonl="one per run (the rows the report is computed from)",
+                seeds=[0, 1, 2], workers=max(1, min(2, os.cpu_count() or 1)),
+                strategies=METHODS, overrides=True,
+                renamed={"--jobs": ("--workers",), "--methods": ("--strategies",),
+                         "--out": ("--runs-dir",)})
     ap.add_argument("--rounds", type=int, default=150)
-    ap.add_argument("--methods", nargs="+", default=METHODS)
     ap.add_argument("--scenarios", nargs="+", default=SCENARIOS)
-    ap.add_argument("--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
-    ap.add_argument("--out", default="runs/fedrc-small")
+    ap.add_argument("--runs-dir", default="runs/fedrc-small")
     ap.add_argument("--report", default="", help="also write the markdown report to this file")
-    ap.add_argument("--jsonl", default="",
-                    help="also write one JSON line per run (the rows the report is computed from)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a run-config key of the preset, repeatable (e.g. init=torch)")
     args = ap.parse_args(argv)
-    from fedcluster_app.core.config import parse_assignment
-
-    extra = dict(parse_assignment(a) for a in args.set)
-    jobs = [(sc, m, s, args.rounds, args.out, extra) for sc in args.scenarios
-            for m in args.methods for s in args.seeds]
-    with ProcessPoolExecutor(args.jobs) as pool:
-        rows = []
-        for row in pool.map(run_one, jobs):
-            print(json.dumps({k: v for k, v in row.items() if k != "mass"}), flush=True)
-            rows.append(row)
-    command = "python benchmarks/fedrc_small.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    extra = assignments(args.set)      # over the preset's keys (e.g. init=torch)
+    jobs = [(sc, m, s, args.rounds, args.runs_dir, extra) for sc in args.scenarios
+            for m in args.strategies for s in args.seeds]
+    rows = []
+    for row in run_many(run_one, jobs, args.workers):
+        print(json.dumps({k: v for k, v in row.items() if k != "mass"}), flush=True)
+        rows.append(row)
+    command = "python benchmarks/fedrc_small.py " + " ".join(ap.argv)
     text = report(rows, args.seeds, args.rounds, command.strip())
     print(text)
     if args.report:

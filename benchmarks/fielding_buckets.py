@@ -20,7 +20,6 @@ JSON line per run (the raw results of the table; ``final_last_5`` is the table's
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 from fielding_common import (
@@ -31,24 +30,23 @@ from fielding_common import (
     time_to_target,
     window,
 )
-from raw_rows import write_rows
+from harness import load_average, parser, write_rows
 
 M = {"digits-buckets": 9, "mixture-buckets": 15}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__, jsonl="one per run", seeds=[0],
+                strategies=["fedavg", "auxo", "fielding"])
     ap.add_argument("--scenarios", nargs="+", default=list(M))
-    ap.add_argument("--strategies", nargs="+", default=["fedavg", "auxo", "fielding"])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--rounds-per-step", type=int, default=10)
     ap.add_argument("--local-steps", type=int, default=10)
     ap.add_argument("--clients", type=int, default=0, help="clients (0: the scenario's)")
     ap.add_argument("--participants", type=int, default=0,
                     help="M, clients trained per round (0: 30%% of the clients)")
     ap.add_argument("--prox-mu", type=float, default=0.0, help="FedProx mu for every method")
-    ap.add_argument("--jsonl", default="", help="one JSON line per run")
     args = ap.parse_args()
+    load_start = load_average()
     rows = []
     for scenario in args.scenarios:
         m = args.participants or (round(0.3 * args.clients) if args.clients else M[scenario])
@@ -94,7 +92,7 @@ def main() -> None:
                   f"| {'/'.join(fmt(v[2]) for v in vals)} | {'/'.join(str(v[3]) for v in vals)} "
                   f"| {'/'.join(fmt(v[4]) for v in vals)} | {'/'.join(fmt(v[5], 1) for v in vals)} "
                   f"| {'/'.join(speed)} |", flush=True)
-    write_rows(args.jsonl, rows)
+    write_rows(args.jsonl, rows, load_start=load_start)
 
 
 if __name__ == "__main__":

@@ -12,23 +12,20 @@ SGD steps of ``step_s`` seconds, plus Fielding's drift reports (4 bytes per repo
 
 Raw rows (``--jsonl FILE`` of every Fielding benchmark): ``record`` builds one JSON line per run
 -- the run's seed, variant, strategy, scenario and config overrides, the numbers its table shows,
-the summary's final accuracy and the run's wall time -- and ``raw_rows.write_rows`` writes them.
+the summary's final accuracy and the run's wall time -- and ``harness.write_rows`` writes them.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from fedcluster_app.core.results import (  # noqa: E402,F401  (re-exported for the benchmarks)
+from fedcluster_app.core.results import (  # noqa: F401  (re-exported for the benchmarks)
     load_run,
     round_seconds,
     rounds_to_target,

@@ -16,12 +16,11 @@ behind the choice of the squared Euclidean distance for gradients.
 
 from __future__ import annotations
 
-import argparse
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
 from fielding_common import run, window
-from raw_rows import write_rows
+from harness import load_average, parser, write_rows
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.families.fielding import client as fielding_client
@@ -74,10 +73,9 @@ def distance_ranges(reps: dict) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--jsonl", default="", help="write one JSON line per run here")
+    ap = parser(__doc__, jsonl="one per run", seeds=[0, 1, 2])
     args = ap.parse_args()
+    load_start = load_average()
     rows = {}
     lines = []
     for seed in args.seeds:
@@ -125,7 +123,7 @@ def main() -> None:
                 cells.append(f"{min(g[0] for g in got):.3f} - {max(g[1] for g in got):.3f} "
                              f"({sum(g[2] for g in got)})" if got else "-")
             print(f"| {metric} | {cells[0]} | {cells[1]} |")
-    write_rows(args.jsonl, lines)
+    write_rows(args.jsonl, lines, load_start=load_start)
 
 
 if __name__ == "__main__":

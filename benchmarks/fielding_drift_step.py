@@ -24,10 +24,10 @@ The global re-clustering is timed (whether or not the trigger fired) with each k
 The last lines give, from the same run, the step without re-clustering (moves + trigger) and
 with the global re-clustering of each engine, its ratio to the ``--target``, the CPU time of the
 process beside the wall time and the load average (``os.getloadavg()``) at the start and at the
-end; all times are medians over ``--repeat`` runs.
+end; all times are medians over ``--repeats`` runs.
 
     python benchmarks/fielding_drift_step.py [--clients 5078] [--labels 100] [--n-init 10]
-        [--n-keep 2] [--engines before exact default] [--tol 0] [--repeat 3] [--dense]
+        [--n-keep 2] [--engines before exact default] [--tol 0] [--repeats 3] [--dense]
         [--target 0.5] [--jsonl FILE]
 
 ``--jsonl`` writes one JSON line per engine: the run's settings, the load average (1, 5 and
@@ -47,12 +47,11 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # small matrices: BLAS threads only spin
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 from fielding_common import record
-from raw_rows import processor, write_rows
+from harness import parser, processor, write_rows
 
 from fedcluster_app.families.fielding.clustering import cluster, handle_drift  # noqa: E402
 from fedcluster_app.families.fielding.distances import Points  # noqa: E402
@@ -87,7 +86,8 @@ def load() -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, jsonl="one per engine", repeats=3,
+                renamed={"--repeat": ("--repeats",)})
     ap.add_argument("--clients", type=int, default=5078)
     ap.add_argument("--labels", type=int, default=100)
     ap.add_argument("--k-min", type=int, default=2)
@@ -97,12 +97,10 @@ def main() -> None:
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     ap.add_argument("--tol", type=float, default=0.0)
     ap.add_argument("--tau", type=float, default=1 / 3)
-    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dense", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target", type=float, default=0.5,
                     help="seconds for the drift-handling step with global re-clustering")
-    ap.add_argument("--jsonl", default="", help="write one JSON line per engine here")
     args = ap.parse_args()
     t_start = time.perf_counter()
     engines = {e: dict(ENGINES[e]) for e in args.engines}
@@ -138,7 +136,7 @@ def main() -> None:
     recl_cpu: dict[str, list[float]] = {e: [] for e in engines}
     n_moves: list[int] = []
     found: dict[str, list[tuple[int, float]]] = {e: [] for e in engines}   # (K, silhouette)
-    for r in range(args.repeat):
+    for r in range(args.repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         pts = Points(after, "l1")
         out = handle_drift(pts, init.labels, np.ones(args.clients, bool), centers, centers,
@@ -164,7 +162,7 @@ def main() -> None:
                   f"(silhouette {res.silhouette:.4f})", flush=True)
     moves = float(np.median(moves_s))
     load_end, avg_end = load(), os.getloadavg()
-    print(f"median over {args.repeat} runs; {load_end}:")
+    print(f"median over {args.repeats} runs; {load_end}:")
     print(f"  moves + trigger: {moves:.3f} s")
     base = recl_s.get("before")
     for name, times in recl_s.items():
@@ -174,7 +172,7 @@ def main() -> None:
         print(f"  global re-clustering, {name:8s}: {med:.3f} s -> drift-handling step "
               f"{moves + med:.3f} s{ratio}")
     print("  paper's prototype: 2.0 s (adjustment) + 15.6 s (global re-clustering)")
-    print(f"drift-handling step at {args.clients} clients (median of {args.repeat}), "
+    print(f"drift-handling step at {args.clients} clients (median of {args.repeats}), "
           f"target {args.target:g} s:")
     moves_c = float(np.median(moves_cpu))
     print(f"  without re-clustering: {moves:.3f} s (CPU {moves_c:.3f} s)")
@@ -185,20 +183,21 @@ def main() -> None:
               f"x the target ({'met' if step <= args.target else 'missed'}); CPU {cpu:.3f} s = "
               f"{cpu / args.target:.2f} x")
     print(f"  {load_start} at the start, {load_end} at the end")
-    config = {k: getattr(args, k) for k in ("clients", "labels", "k_min", "k_max", "n_init",
-                                            "n_keep", "tol", "tau", "repeat", "dense")}
+    config = {k: getattr(args, k + "s" if k == "repeat" else k)    # the rows' name: "repeat"
+              for k in ("clients", "labels", "k_min", "k_max", "n_init", "n_keep", "tol", "tau",
+                        "repeat", "dense")}
     rows, secs = [], time.perf_counter() - t_start
     for name, times in recl_s.items():
         med, med_cpu = float(np.median(times)), float(np.median(recl_cpu[name]))
         rows.append(record(
             args.seed, name, {**config, "engine": dict(engines[name])}, None, secs,
-            load_start=list(avg_start), load_end=list(avg_end), **processor(),
+            load_start=list(avg_start), load_end=list(avg_end), cores=os.cpu_count(), **processor(),
             moves_trigger_s=moves, moves_trigger_cpu_s=moves_c, reclustering_s=med,
             reclustering_cpu_s=med_cpu, step_s=moves + med, step_cpu_s=moves_c + med_cpu,
             target_s=args.target, step_ratio_to_target=(moves + med) / args.target,
             speedup_over_before=(float(np.median(base)) / med if base is not None
                                  and name != "before" else None),
-            repeat_seeds=[[args.seed, r] for r in range(args.repeat)], repeat_moves=n_moves,
+            repeat_seeds=[[args.seed, r] for r in range(args.repeats)], repeat_moves=n_moves,
             repeat_moves_trigger_s=moves_s, repeat_moves_trigger_cpu_s=moves_cpu,
             repeat_reclustering_s=times, repeat_reclustering_cpu_s=recl_cpu[name],
             repeat_k=[k for k, _ in found[name]],

@@ -16,22 +16,21 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 from fielding_drift_step import bucket_trace, load  # noqa: E402
+from harness import parser  # noqa: E402
 
 from fedcluster_app.families.fielding.distances import Points  # noqa: E402
 from fedcluster_app.families.fielding.kmeans import kmeans  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, seeds=[0, 1])
     ap.add_argument("--clients", type=int, default=5078)
     ap.add_argument("--labels", type=int, default=100)
     ap.add_argument("--traces", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--n-init", type=int, default=10)
     ap.add_argument("--n-keep", type=int, default=2)
     ap.add_argument("--prune-at", type=int, default=3)

@@ -10,20 +10,18 @@ clustering uses them), after them (21-60) and overall.
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 from fielding_common import record, run, window
 from fielding_small_large import BASE
-from raw_rows import write_rows
+from harness import load_average, parser, write_rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__, jsonl="one per run", seeds=[0, 1, 2])
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--jsonl", default="", help="write one JSON line per run here")
     args = ap.parse_args()
+    load_start = load_average()
     rows = {}
     lines = []
 
@@ -50,7 +48,7 @@ def main() -> None:
     for name, vals in rows.items():
         m = np.mean(vals, axis=0)
         print(f"| {name} | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} |")
-    write_rows(args.jsonl, lines)
+    write_rows(args.jsonl, lines, load_start=load_start)
 
 
 if __name__ == "__main__":

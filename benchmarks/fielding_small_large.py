@@ -15,7 +15,6 @@ final 56-60, mean 21-60), global re-clusterings, final K and the time to the tar
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 from fielding_common import (
@@ -26,20 +25,18 @@ from fielding_common import (
     time_to_target,
     window,
 )
-from raw_rows import write_rows
+from harness import load_average, parser, write_rows
 
 BASE = {"rounds-per-step": 5, "optimizer": "sgd", "lr": 0.3, "local-steps": 5, "batch-size": 20,
         "fraction-train": 0.3, "fielding.participants": 9}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--strategies", nargs="+",
-                    default=["fedavg", "static-cfl", "fielding", "fielding-tau0", "fielding-tauinf"])
+    ap = parser(__doc__, jsonl="one per run", seeds=[0, 1, 2], strategies=[
+        "fedavg", "static-cfl", "fielding", "fielding-tau0", "fielding-tauinf"])
     ap.add_argument("--scenario", default="labels-small-large")
-    ap.add_argument("--jsonl", default="", help="write one JSON line per run here")
     args = ap.parse_args()
+    load_start = load_average()
     cols = ["pre 16-20", "d1 21-25", "d2 41-45", "final 56-60", "mean 21-60", "re-clust", "K end",
             "TTA rounds", "TTA sim s"]
     keys = ["pre_16_20", "drift1_21_25", "drift2_41_45", "final_56_60", "mean_21_60",
@@ -77,7 +74,7 @@ def main() -> None:
             else:
                 cells.append(f"{np.mean(xs):.3f}")
         print(f"| {s} | " + " | ".join(cells) + " |")
-    write_rows(args.jsonl, lines)
+    write_rows(args.jsonl, lines, load_start=load_start)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,12 @@ one over the square root of its members: the printed summary sets the shift besi
 
 from __future__ import annotations
 
-import argparse
 import math
 from itertools import pairwise
 
 import numpy as np
 from fielding_common import record, run
-from raw_rows import write_rows
+from harness import load_average, parser, write_rows
 
 
 def drift_steps(rounds: list[dict], clients: int) -> list[dict]:
@@ -41,13 +40,12 @@ def drift_steps(rounds: list[dict], clients: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, jsonl="one per run, its drift steps included", seeds=[0, 1, 2])
     ap.add_argument("--scenarios", nargs="+", default=["digits-buckets", "mixture-buckets"])
     ap.add_argument("--clients", type=int, nargs="+", default=[30, 60, 120, 302])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--prox-mu", type=float, default=0.01)
-    ap.add_argument("--jsonl", default="", help="one JSON line per run, its drift steps included")
     args = ap.parse_args()
+    load_start = load_average()
     rows = []
     for scenario in args.scenarios:
         print(f"\n{scenario}: clients | mean members per cluster | largest center shift | "
@@ -75,7 +73,7 @@ def main() -> None:
             fired = "/".join(str(sum(s["fired"] for s in ss)) + f" of {len(ss)}" for ss in per_seed)
             print(f"| {n} | {members:.1f} | {shift:.3f} | {thr:.3f} | {shift / thr:.2f} | {fired} "
                   f"| {scaled:.2f} | {np.mean(finals):.3f} |", flush=True)
-    write_rows(args.jsonl, rows)
+    write_rows(args.jsonl, rows, load_start=load_start)
 
 
 if __name__ == "__main__":

@@ -5,32 +5,30 @@ Runs every (scenario, method, data seed) in-process with presets/flexcfl-synthet
 rounds after the round-robin phase (round > N/K), and prints per run the max and the mean of the
 last 10 rounds, the migrations, and the models sent down and up (training and query messages;
 evaluation excluded) with their ratio to FedAvg (``flexcfl-fedavg``: same selection). It then
-checks the experiment's pass criteria (i)-(iii) (docs/flexcfl.md). Results also go to ``--json``.
+checks the experiment's pass criteria (i)-(iii) (docs/flexcfl.md). The rows also go to ``--jsonl``.
 ``--score-both`` scores every run under both rules of ``eval-model`` (each client with its
 group's current model, and with the model it last received, as the authors' code does; FedAvg
 with its current model under both) and prints the table and the checks under each.
 
     python benchmarks/flexcfl_synthetic.py --seeds 1 2 3 4 --rounds 50 --epochs 2 \\
-        --methods flexcfl-fedavg fedgroup flexcfl --scenarios synthetic-1-1 synthetic-1-1-swap
+        --strategies flexcfl-fedavg fedgroup flexcfl --scenarios synthetic-1-1 synthetic-1-1-swap
     python benchmarks/flexcfl_synthetic.py --seeds 1 --rounds 50 --epochs 2 \\
-        --methods flexcfl-ifca fesem --scenarios synthetic-1-1-swap
+        --strategies flexcfl-ifca fesem --scenarios synthetic-1-1-swap
     python benchmarks/flexcfl_synthetic.py --seeds 1 --rounds 50 --epochs 2 \\
-        --methods flexcfl-ifca-mig fesem-mig --scenarios synthetic-1-1-swap   # Fig. 6's -MIG
+        --strategies flexcfl-ifca-mig fesem-mig --scenarios synthetic-1-1-swap   # Fig. 6's -MIG
     python benchmarks/flexcfl_synthetic.py --scenarios digits-pairs digits-pairs-swap \\
         --rounds 60 --epochs 5 --k 10 --set lr=0.05   # the digits variant (smoke)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import tomllib
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from raw_rows import write_rows
+from harness import parser, run_many, write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESET = ROOT / "presets" / "flexcfl-synthetic.toml"
@@ -111,36 +109,25 @@ def _paper_units(method: str, cfg: dict, recs: list[dict]) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap = parser(__doc__, jsonl="one per run", append=True, seeds=[1, 2, 3, 4], workers=2,
+                strategies=["flexcfl-fedavg", "fedgroup", "flexcfl", "flexcfl-ifca"],
+                overrides=True, renamed={"--methods": ("--strategies",), "--out": ("--runs-dir",)})
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--k", type=int, default=20, help="clients per round")
-    ap.add_argument("--methods", nargs="+",
-                    default=["flexcfl-fedavg", "fedgroup", "flexcfl", "flexcfl-ifca"])
     ap.add_argument("--scenarios", nargs="+", default=["synthetic-1-1", "synthetic-1-1-swap"])
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "runs" / "flexcfl-bench"))
-    ap.add_argument("--json", default="", help="all runs as one JSON list")
-    ap.add_argument("--jsonl", default="", help="one JSON line per run (the raw rows)")
-    ap.add_argument("--append", action="store_true",
-                    help="add the rows after those already in --jsonl (one file, several commands)")
-    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="more run-config overrides (e.g. lr=0.05 for digits-pairs)")
+    ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "flexcfl-bench"))
     ap.add_argument("--score-both", action="store_true",
                     help="score every run under both eval-model rules (tables and checks for each)")
     ap.add_argument("--reuse", action="store_true",
-                    help="summarise runs already finished in --out instead of running them again")
+                    help="summarise runs already finished in --runs-dir instead of running them again")
     a = ap.parse_args()
-    jobs = [(s, m, d, a.rounds, a.epochs, a.k, a.out, a.reuse, tuple(a.set), a.score_both)
-            for d in a.seeds for s in a.scenarios for m in a.methods]
+    jobs = [(s, m, d, a.rounds, a.epochs, a.k, a.runs_dir, a.reuse, tuple(a.set), a.score_both)
+            for d in a.seeds for s in a.scenarios for m in a.strategies]
     results = []
-    with ProcessPoolExecutor(a.workers) as pool:
-        for res in pool.map(one_run, jobs):
-            results.append(res)
-            print(json.dumps(res), flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
+    for res in run_many(one_run, jobs, a.workers):
+        results.append(res)
+        print(json.dumps(res), flush=True)
     write_rows(a.jsonl, [{**r, "epochs": a.epochs, "k": a.k, "set": list(a.set)} for r in results],
                append=a.append)
 
@@ -163,7 +150,7 @@ def report(a, get, mx: str, l10: str) -> bool:
     print("scenario | method | max (mean, min-max) | last-10 mean | migrations | "
           "models down+up / FedAvg")
     for s in a.scenarios:
-        for m in a.methods:
+        for m in a.strategies:
             rs = [r for d in a.seeds if (r := get(s, m, d)) and mx in r]
             if not rs:
                 continue

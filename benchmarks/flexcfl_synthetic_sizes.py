@@ -12,9 +12,8 @@ looked like.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
+from harness import parser
 
 PAPER_TOTAL, USERS = 75_349, 100
 
@@ -25,8 +24,7 @@ def sizes(seed: int, users: int = USERS) -> np.ndarray:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap = parser(__doc__, seeds=[1, 2, 3, 4])
     ap.add_argument("--scan", type=int, default=100_000, help="seeds 0..N-1 to scan")
     args = ap.parse_args()
     print("| data seed | samples | largest user's share |")

@@ -14,7 +14,6 @@ written from the JSON lines alone; --table-only rewrites it without running anyt
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from harness import parser
 
 from fedcluster_app.core.results import load_run, to_json
 from fedcluster_app.engine import run_inprocess
@@ -409,8 +409,7 @@ def write_doc(path: Path, rows: list[dict], results_path: Path, command: str) ->
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--out", type=Path, default=Path("runs/imagesegments-table"))
     ap.add_argument("--results", type=Path, default=Path("docs/imagesegments_results.jsonl"))
     ap.add_argument("--doc", type=Path, default=Path("docs/imagesegments.md"))

@@ -16,13 +16,14 @@ between the POISONING markers of --doc is then rewritten from the JSON lines alo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness import parser
 
 ROOT = Path(__file__).resolve().parent.parent
 STRATEGIES = ["fedavg", "ifca", "feddrift", "fielding", "flexcfl", "fedrc", "fedccfa"]
@@ -122,7 +123,7 @@ def write_doc(doc: Path, rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("--results", type=Path, default=ROOT / "docs" / "reliability_poisoning.jsonl")
     ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "reliability.md")
     ap.add_argument("--table-only", action="store_true")

@@ -16,14 +16,13 @@ seed, separated, routes, right, accuracy.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from harness import parser, write_rows
 
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.serving import load_run
@@ -100,14 +99,12 @@ def measure(family: str, seed: int, samples: int, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = parser(__doc__, jsonl="one per family and seed", seeds=[0, 1, 2])
     ap.add_argument("--families", nargs="+", default=list(CASES), choices=list(CASES))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--samples", type=int, default=20, help="labelled samples per new client")
-    ap.add_argument("--out", type=Path, help="run directories (default: a temporary folder)")
-    ap.add_argument("--jsonl", type=Path, help="also write the rows here")
+    ap.add_argument("--runs-dir", type=Path, help="run directories (default: a temporary folder)")
     args = ap.parse_args(argv)
-    out = args.out or Path(tempfile.mkdtemp(prefix="route-heldout-"))
+    out = args.runs_dir or Path(tempfile.mkdtemp(prefix="route-heldout-"))
     rows = [measure(f, s, args.samples, out) for f in args.families for s in args.seeds]
     print(f"{'family':10} {'strategy':10} {'scenario':14} seed  separated  right/routes  "
           f"ari_final")
@@ -120,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for r in rows if r["family"] == fam]
         print(f"{fam}: {sum(r['right'] for r in mine)}/{sum(r['routes'] for r in mine)} routes "
               f"to the cluster of the client's concept")
-    if args.jsonl:
-        args.jsonl.parent.mkdir(parents=True, exist_ok=True)
-        args.jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_rows(args.jsonl, rows)
     return 0
 
 

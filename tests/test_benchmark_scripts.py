@@ -1,9 +1,11 @@
-"""The FedDrift benchmark scripts that docs/ names run end to end on a tiny setting: they share
-``run_config`` (``benchmarks/feddrift_reproduce.py``), and a change to it has broken the grid
-script twice without a test noticing."""
+"""The benchmark scripts: every one builds its command line with the harness
+(``benchmarks/harness.py``) and keeps its rules, and the ones docs/ names run end to end on a
+tiny setting (the FedDrift ones share ``run_config`` of ``benchmarks/feddrift_reproduce.py``, and
+a change to it has broken the grid script twice without a test noticing)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -13,6 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+#: the fields every timing row carries (harness.machine)
+MACHINE = {"load_start", "load_end", "cores", "cpu"}
 
 
 def _run(script: str, *args: str, env: dict | None = None) -> str:
@@ -43,13 +48,14 @@ def test_grid_script_measures_both_ways(tmp_path):
     and the trainer's clock read 0)."""
     rows = tmp_path / "grid.jsonl"
     _run("feddrift_grid.py", "--rounds", "1", "--local-steps", "2", "--methods", "Oblivious",
-         "--out", str(rows), env={"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+         "--jsonl", str(rows), env={"NUMBA_CACHE_DIR": str(tmp_path / "numba")})
     got = [json.loads(line) for line in rows.read_text().splitlines()]
     assert sorted(r["batched"] for r in got) == [False, True]
     assert got[0]["acc_omit"] == got[1]["acc_omit"] and got[0]["status"] == "completed"
     # the compiled arithmetic is clocked: the trainer's and the draws' share of each run
     assert all(r["trainer_cpu_s"] > 0 and r["draws_cpu_s"] > 0 for r in got)
     assert all(r["trainer_cpu_s"] + r["draws_cpu_s"] <= r["cpu_s"] for r in got)
+    assert all(MACHINE <= set(r) for r in got)
 
 
 def test_model_exchange_script_times_the_three_cases(tmp_path):
@@ -58,6 +64,7 @@ def test_model_exchange_script_times_the_three_cases(tmp_path):
     got = [json.loads(line) for line in rows.read_text().splitlines()]
     assert [r["case"] for r in got] == ["layer arrays", "one flat array", "no model"]
     assert all(r["us_per_reply_min"] > 0 and r["clients"] == 10 for r in got)
+    assert all(MACHINE <= set(r) for r in got)
     assert "layer arrays vs one flat array" in out
 
 
@@ -67,17 +74,23 @@ def test_round_profile_script_splits_a_run_into_parts(tmp_path):
                "--local-steps", "2", "--jsonl", str(rows))
     (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
     assert row["method"] == "KUE" and row["batched"] is True and row["looks"] > 0
-    assert abs(sum(row["shares"].values()) - 1.0) < 1e-3
+    assert abs(sum(row["shares"].values()) - 1.0) < 1e-3 and MACHINE <= set(row)
     labels = {label for *_, label in _parts()} | {"strategy and protocol (the rest)"}
     assert set(row["shares"]) <= labels
     assert "ms/round" in out
 
 
 def _parts():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import feddrift_round_profile
+    return _bench_module("feddrift_round_profile").PARTS
 
-    return feddrift_round_profile.PARTS
+
+def _bench_module(name: str):
+    """A benchmark script imported as ``python benchmarks/NAME.py`` sees its siblings."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    import importlib
+
+    return importlib.import_module(name)
 
 
 def test_gpu_check_runs_on_the_cpu(tmp_path):
@@ -96,6 +109,7 @@ def test_gpu_check_runs_on_the_cpu(tmp_path):
     assert {r["name"].split("/")[0] for r in fam} >= {
         "feddrift", "fielding", "flexcfl", "fedrc", "fedccfa"}
     assert all(r["status"] == "completed" for r in fam), [r for r in fam if r["status"] != "completed"]
+    assert all(MACHINE <= set(r) for r in got)     # every row: the families' runs are timed too
     assert all(r["verdict"] in ("equal", "repeat equal") for r in fam)
     assert any(r["name"].endswith("#again") for r in fam)
     # on the CPU every client module call takes CPU inputs, and FedDrift's MLP the NumPy kernel
@@ -125,7 +139,7 @@ def test_gpu_check_ray_section_runs_on_the_cpu(tmp_path):
 def test_route_heldout_script_routes_withheld_clients_and_writes_its_rows(tmp_path):
     rows = tmp_path / "rows.jsonl"
     out = _run("route_heldout.py", "--families", "fielding", "flexcfl", "--seeds", "0",
-               "--out", str(tmp_path / "r"), "--jsonl", str(rows))
+               "--runs-dir", str(tmp_path / "r"), "--jsonl", str(rows))
     got = {r["family"]: r for r in map(json.loads, rows.read_text().splitlines())}
     assert sorted(got) == ["fielding", "flexcfl"]
     for row in got.values():
@@ -142,3 +156,63 @@ def test_checkpoint_cost_script_times_the_three_settings(tmp_path):
     assert [r["setting"] for r in got] == ["off", "default (every 30 s)", "every round"]
     assert all(r["rounds"] == 6 and r["s_per_round"] > 0 for r in got)
     assert "same accuracy: True" in out
+
+
+# ------------------------------------------------------------------------------ the harness
+SCRIPTS = sorted(p for p in BENCH.glob("*.py") if p.name != "harness.py")
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and (getattr(n.func, "id", None) == name or getattr(n.func, "attr", None) == name)]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_script_keeps_the_harness_rules(script):
+    """One harness: a script's command line comes from ``harness.parser`` (the shared flags
+    declared once), its runs from ``harness.run_many`` (the package's process pool); it never
+    edits ``sys.path`` and imports no private name."""
+    tree = ast.parse(script.read_text())
+    assert not _calls(tree, "ArgumentParser"), "build the parser with harness.parser"
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "path"
+                and getattr(n.value, "id", None) == "sys"], "no sys.path edits"
+    assert not [n for n in ast.walk(tree) if getattr(n, "id", getattr(n, "attr", None))
+                in ("ProcessPoolExecutor", "Pool")], "use harness.run_many"
+    private = [f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+               for a in n.names if a.name.startswith("_") and n.module != "__future__"]
+    private += [a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names if any(part.startswith("_") for part in a.name.split(".")[1:])]
+    assert not private, f"private names imported: {private}"
+    is_script = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)
+                    for n in tree.body)
+    if is_script:
+        from_harness = {a.asname or a.name for n in ast.walk(tree)
+                        if isinstance(n, ast.ImportFrom) and n.module == "harness"
+                        for a in n.names}
+        assert "parser" in from_harness and _calls(tree, "parser"), \
+            "a script builds its command line with harness.parser"
+
+
+def test_harness_flags_rows_and_pool(tmp_path, capsys):
+    harness = _bench_module("harness")
+    ap = harness.parser("doc", jsonl="one per run", append=True, seeds=[0], workers=1,
+                        repeats=3, strategies=["fedavg"], overrides=True,
+                        renamed={"--out": ("--append", "--jsonl"), "--jobs": ("--workers",)})
+    args = ap.parse_args(["--out=x.jsonl", "--jobs", "2", "--set", "a=1", "b=2", "--set", "c=x"])
+    assert (args.jsonl, args.append, args.workers, args.seeds) == ("x.jsonl", True, 2, [0])
+    assert harness.assignments(args.set) == {"a": 1, "b": 2, "c": "x"}
+    assert ap.argv == ["--append", "--jsonl=x.jsonl", "--workers", "2", "--set", "a=1", "b=2",
+                       "--set", "c=x"]
+    assert "--out is now --append --jsonl" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--runs", "2"])         # an unknown flag stays an error
+    # timing rows get the machine; a row stamped already keeps its own stamp
+    rows = tmp_path / "sub" / "rows.jsonl"
+    harness.write_rows(rows, [{"s": 1.0}, {"s": 2.0, "load_end": [9.0]}], load_start=[0.5])
+    got = [json.loads(x) for x in rows.read_text().splitlines()]
+    assert MACHINE <= set(got[0]) and got[0]["load_start"] == [0.5]
+    assert got[1] == {"s": 2.0, "load_end": [9.0]}
+    harness.write_rows(rows, [{"s": 3.0}], append=True)
+    assert len(rows.read_text().splitlines()) == 3
+    # the package's pool: results in the order of the tasks
+    assert list(harness.run_many(abs, [-3, 2, -1], 2)) == [3, 2, 1]

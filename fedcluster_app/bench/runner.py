@@ -108,6 +108,13 @@ def _run_on_ray(todo: dict[Cell, dict], address: str,
         ray.shutdown()
 
 
+def process_pool(workers: int) -> cf.ProcessPoolExecutor:
+    """A pool of ``workers`` spawned processes: the matrix's, and the benchmark scripts'."""
+    ctx = multiprocessing.get_context("spawn")   # no forked torch/Ray state in the workers
+    # no max_tasks_per_child: with it Python 3.11's pool hangs once the first workers retire
+    return cf.ProcessPoolExecutor(workers, mp_context=ctx)
+
+
 def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed: bool = False,
                log: Callable[[str], None] = print,
                ray_address: str | None = None,
@@ -158,9 +165,7 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
         for cell, config in todo.items():
             finished(cell, _run_one(config))
     else:
-        ctx = multiprocessing.get_context("spawn")   # no forked torch/Ray state in the workers
-        # no max_tasks_per_child: with it Python 3.11's pool hangs once the first workers retire
-        with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        with process_pool(workers) as pool:
             futures = {pool.submit(_run_one, config): cell for cell, config in todo.items()}
             try:
                 for fut in cf.as_completed(futures):
