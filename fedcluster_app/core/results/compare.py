@@ -139,7 +139,7 @@ def time_to_target_table(runs: list[tuple[Path, dict, list[dict]]], names: list[
     what = baseline or "/".join(GLOBAL_BASELINES)
     lines = ["", "## Time to target accuracy (target, unless --target: the highest accuracy "
              "that every compared run of the same scenario and seed holds to its end, so each "
-             "reaches it; simulated time as docs/fielding.md, D11 defines it)", ""]
+             "reaches it; simulated time as docs/fielding/README.md, D11 defines it)", ""]
     return lines + _table(["run", "strategy", "target", "rounds to target", "simulated s",
                            f"speed-up vs {what} (rounds)", "speed-up (simulated time)"], rows,
                           ["l", "l", "r", "r", "r", "r", "r"])

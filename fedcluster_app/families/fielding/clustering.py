@@ -1,4 +1,4 @@
-"""Fielding's clustering logic in pure NumPy (docs/fielding.md, "The algorithm as implemented").
+"""Fielding's clustering logic in pure NumPy (docs/fielding/README.md, "The algorithm as implemented").
 
 No Flower here: the strategies in ``fielding.py`` call these functions, the benchmarks time them
 and the tests check them directly.
@@ -726,7 +726,7 @@ class _L1Entries:
 def _argmin0(d: np.ndarray, eps: float | np.ndarray = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Along axis 0 of a (K, ...) array: the lowest k whose value is within ``eps`` of the minimum
     (ties -> lowest k; with eps > 0 the rounding of the dense pass cannot break a tie that
-    docs/fielding.md, D4 breaks by the index) and an upper bound on its value (min + eps). A loop
+    docs/fielding/README.md, D4 breaks by the index) and an upper bound on its value (min + eps). A loop
     over the short axis: numpy's reductions over a short last axis are slow. (The second loop
     stops at k = 1, so a tie between center 0 and another goes to the other one; kept as it is,
     since changing it changes the partitions wherever such exact ties occur.)"""
@@ -844,7 +844,7 @@ def _lloyd_l1_batch(ent: _L1Entries, groups: list[tuple[np.ndarray, np.ndarray |
 
     ``keep`` (successive halving): after ``prune_at`` iterations only the ``keep`` restarts of
     a group of lowest cost so far (finished ones included) iterate on; the others are dropped
-    (cost inf). None: every restart runs to the end, as the k-means of docs/fielding.md, D4.
+    (cost inf). None: every restart runs to the end, as the k-means of docs/fielding/README.md, D4.
     """
     n, d = ent.n, ent.d
     sizes = [len(c) for c, _ in groups]
@@ -1069,7 +1069,7 @@ def _reindex(res: KMeansResult) -> KMeansResult:
 def kmeans(pts: Points, k: int, n_init: int, rng: np.random.Generator,
            max_iter: int = 100, tol: float = 0.0, keep: int | None = None,
            prune_at: int = 3, batched: bool | None = None) -> KMeansResult:
-    """k-means with rho (docs/fielding.md, D4): ``n_init`` k-means++ seedings with rho, Lloyd
+    """k-means with rho (docs/fielding/README.md, D4): ``n_init`` k-means++ seedings with rho, Lloyd
     iterations with rho for the assignment and arithmetic-mean centers (an empty cluster keeps its
     center) until the assignment is unchanged or ``max_iter``; the run of lowest cost is kept,
     empty clusters are dropped and the rest re-indexed.
@@ -1199,7 +1199,7 @@ def cluster(x: np.ndarray, metric: str, k_min: int = 2, k_max: int = 10, n_init:
             seed: int | list[int] = 0, min_silhouette: float = -1.0,
             pts: Points | None = None, tol: float = 0.0, keep: int | None = None,
             prune_at: int = 3, batched: bool | None = None) -> ClusterResult:
-    """The silhouette search (docs/fielding.md, D5): k-means for every K in range, the best
+    """The silhouette search (docs/fielding/README.md, D5): k-means for every K in range, the best
     silhouette wins (ties -> smaller K). Fewer than 3 clients, or a best silhouette below
     ``min_silhouette``: one cluster."""
     pts = pts or Points(x, metric)
@@ -1252,7 +1252,7 @@ def handle_drift(pts: Points, labels: np.ndarray, drifted: np.ndarray,
                  centers: dict[int, np.ndarray], reference: dict[int, np.ndarray],
                  tau: float, trigger: str = "center_shift",
                  delta_diam: float = math.inf) -> DriftOutcome:
-    """HANDLE_DRIFT (docs/fielding.md, "The algorithm as implemented", steps 1-3; D2, D3, D6)
+    """HANDLE_DRIFT (docs/fielding/README.md, "The algorithm as implemented", steps 1-3; D2, D3, D6)
     (it does not re-cluster; ``trigger`` says whether to).
 
     ``labels`` holds each row's cluster id (-1: never clustered, moved like a drifted client),
