@@ -5,7 +5,7 @@ median round time, plus the parts that explain the deployment's: the import time
 ClientApp in a fresh process (a deployed SuperNode starts one process per message) and the
 number of message waves per round (train, evaluate).
 
-    python benchmarks/bench_deployment.py [--rounds 4] [--jsonl docs/deployment.jsonl]
+    python benchmarks/bench_deployment.py [--rounds 4] [--jsonl docs/operations/deployment.jsonl]
 """
 
 from __future__ import annotations

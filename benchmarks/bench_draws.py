@@ -10,7 +10,7 @@ round's clients, batched) and for one model (one by one), each with the CPU time
 the compiled trainer (its loop and its loss, ``feddrift_grid.TrainerClock``, as the grid counts
 it; the rest stacks the jobs).
 
-    python benchmarks/bench_draws.py [--repeats 2000] [--jsonl docs/performance_draws.jsonl]
+    python benchmarks/bench_draws.py [--repeats 2000] [--jsonl docs/operations/performance_draws.jsonl]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and whether the two produced the same metrics (they must: same seed, same result
 
     python benchmarks/bench_ray_overhead.py [--rounds-per-step 5] [--scenario mixture-swap]
     python benchmarks/bench_ray_overhead.py --strategy feddrift --scenario circle2 \\
-        --set rounds-per-step=100 --set local-steps=50 ... --jsonl FILE   # docs/feddrift.md
+        --set rounds-per-step=100 --set local-steps=50 ... --jsonl FILE   # docs/feddrift/README.md
 """
 
 from __future__ import annotations

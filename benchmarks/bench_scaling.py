@@ -8,7 +8,7 @@ start-up (imports, data) is left out. The last column is the time per client-rou
 the smallest size: 1.0 means linear scaling.
 
     python benchmarks/bench_scaling.py [--clients 100 1000 10000] [--rounds 3] [--unbatched]
-        [--out docs/performance_scaling.jsonl]
+        [--out docs/operations/performance_scaling.jsonl]
 """
 
 from __future__ import annotations

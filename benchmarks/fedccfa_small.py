@@ -1,4 +1,4 @@
-"""FedCCFA's small experiment on the digits (docs/fedccfa.md), through the real
+"""FedCCFA's small experiment on the digits (docs/fedccfa/README.md), through the real
 ServerApp/ClientApp in-process.
 
 K = 10 clients, full participation, Dirichlet(0.5) label skew, 135 training samples per client
@@ -6,7 +6,7 @@ and step, MLP extractor (64 -> 64, d = 64) + linear classifier, 60 rounds = 12 s
 drift at step 7 (round 31 = 0-indexed round 30, half-way like the paper's 100 of 200): sudden (all groups
 swap), incremental (G1, G2, G3 one step = 5 rounds apart), recurring (swap at round 31, back at
 round 46 = 0-indexed 45). Paper hyper-parameters (SGD momentum 0.9, wd 1e-5, batch 64, E = 5,
-lr 0.01 / 0.1), T_s = 6 (= 20/200 x 60), FedCCFA eps 0.05 (docs/fedccfa.md explains why not 0.1).
+lr 0.01 / 0.1), T_s = 6 (= 20/200 x 60), FedCCFA eps 0.05 (docs/fedccfa/README.md explains why not 0.1).
 
 Data: ``digits-ccfa`` (the paper's partition on a stream: every training batch holds >= 5
 samples of every class, the rest follows the client's Dirichlet prior). Metric: generalised accuracy (the whole 450-image digits test pool relabelled with each

@@ -1,7 +1,7 @@
 """Markdown tables from the JSON-lines rows that ``fedccfa_small.py --jsonl`` writes.
 
     python benchmarks/fedccfa_table.py runs/fedccfa-bench/*.jsonl
-    python benchmarks/fedccfa_table.py --clusters runs/fedccfa-bench/sudden-fedccfa-s*   # acceptance check 3 (docs/fedccfa.md)
+    python benchmarks/fedccfa_table.py --clusters runs/fedccfa-bench/sudden-fedccfa-s*   # acceptance check 3 (docs/fedccfa/README.md)
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def main(paths: list[str]) -> int:
 
 
 def cluster_sanity(run_dirs: list[str], drift_round: int = 31) -> None:
-    """Acceptance check 3 of docs/fedccfa.md (clustering sanity) on FedCCFA runs: after the drift, mean per-class ARI of classes 1-6, the
+    """Acceptance check 3 of docs/fedccfa/README.md (clustering sanity) on FedCCFA runs: after the drift, mean per-class ARI of classes 1-6, the
     share of rounds in which a drifted and a non-drifted client shared a class-1..6 cluster, and
     the share of rounds in which classes 0, 7, 8, 9 formed one cluster."""
     from pathlib import Path

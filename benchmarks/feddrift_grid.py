@@ -13,7 +13,7 @@ The per-run results (JSON lines) go to ``--jsonl`` (``--append``: after the rows
 batched at least 5x unbatched per run.
 
     python benchmarks/feddrift_grid.py [--dataset circle2] [--rounds 100] [--local-steps 50]
-        [--seed 0] [--methods ...] [--out docs/performance_feddrift_grid.jsonl]
+        [--seed 0] [--methods ...] [--out docs/operations/performance_feddrift_grid.jsonl]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Reproduce the FedDrift paper's synthetic results (Table 2 / appendix Table 4) with fedcluster.
 
-The paper's protocol (docs/feddrift.md): 10 clients, 10 training steps plus a test
+The paper's protocol (docs/feddrift/README.md): 10 clients, 10 training steps plus a test
 step, 500 samples per client and step, R rounds per step (paper: 100), K = 50 local Adam steps
 (amsgrad, weight decay 1e-3) of batch 50, lr 1e-2, delta per dataset (SINE 0.20, CIRCLE 0.10,
 SEA 0.04), data fixed across trials (data seed 0), trial seed = model init and minibatches.
@@ -9,7 +9,7 @@ spread over ``--workers`` processes. Finished runs are reused (their summary.jso
 an interrupted reproduction continues where it stopped.
 
     python benchmarks/feddrift_reproduce.py --rounds 100 --seeds 0 1 2 --workers 2 \\
-        --out docs/feddrift_table.md
+        --out docs/feddrift/feddrift_table.md
 
 writes a markdown table: ours (mean +- std over seeds, omitting drift steps; and including
 them) beside the paper's numbers, plus seconds per run.

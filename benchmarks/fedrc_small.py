@@ -1,4 +1,4 @@
-"""FedRC's small experiment (docs/fedrc.md): the calibrated population, and its mild-skew control.
+"""FedRC's small experiment (docs/fedrc/README.md): the calibrated population, and its mild-skew control.
 
 Runs every method on ``shifts-3`` (feature + strong label + concept shift) and ``shifts-3-mild``
 (Dirichlet 0.5) for several seeds with the preset ``presets/fedrc-shifts3.toml`` (T = 150, E = 1,
@@ -7,7 +7,7 @@ B = 32, SGD lr 0.2, K = 3), in-process, and writes a markdown report with
 * global accuracy (held-out test clients: EM / min-loss model choice on the adaptation split,
   then prediction) and local accuracy (sample-weighted over the clients' own test splits):
   final round and mean of the last 5 rounds, mean +- std over seeds;
-* the acceptance checks of docs/fedrc.md (FedRC - FedEM >= 0.05 and FedRC - FedAvg >= 0.2 in global
+* the acceptance checks of docs/fedrc/README.md (FedRC - FedEM >= 0.05 and FedRC - FedAvg >= 0.2 in global
   accuracy, a concept with > 70% of its mass on a cluster no other concept dominates);
 * FedRC's concept-by-cluster mass matrix per seed;
 * the cost: seconds per round of FedRC (K = 3 models per client) against FedAvg, measured in
@@ -16,7 +16,7 @@ B = 32, SGD lr 0.2, K = 3), in-process, and writes a markdown report with
     python benchmarks/fedrc_small.py                       # 3 seeds, both scenarios (~1 h on 2 cores)
     python benchmarks/fedrc_small.py --seeds 0 --rounds 30 --runs-dir /tmp/fedrc   # a quick look
     python benchmarks/fedrc_small.py --scenarios shifts-3 --set init=torch --runs-dir runs/fedrc-torch-init
-    python benchmarks/fedrc_small.py --report docs/fedrc_table.md --jsonl docs/fedrc_table.jsonl
+    python benchmarks/fedrc_small.py --report docs/fedrc/fedrc_table.md --jsonl docs/fedrc/fedrc_table.jsonl
 
 Runs already present under ``--runs-dir`` (a summary.json with status "completed" and the same
 number of rounds) are reused, so an interrupted sweep continues where it stopped.
@@ -77,7 +77,7 @@ def _row(scenario: str, strategy: str, seed: int, run_dir: Path) -> dict:
 
 def dominance(mass: dict[str, dict[str, float]]) -> list[tuple[str, str, float]]:
     """(concept, cluster, share) for every concept with > 70% of its mass on one cluster that
-    no other concept dominates (the third acceptance check of docs/fedrc.md)."""
+    no other concept dominates (the third acceptance check of docs/fedrc/README.md)."""
     top = {c: max(row, key=row.get) for c, row in mass.items()}
     out = []
     for c, row in mass.items():
@@ -113,7 +113,7 @@ def report(rows: list[dict], seeds: list[int], rounds: int, command: str) -> str
                              f"{'/'.join(str(r['num_clusters']) for r in rs)} | "
                              f"{np.mean([r['s_per_round'] for r in rs]):.3f} |")
         lines.append("")
-    lines += ["### Acceptance checks (the criteria of docs/fedrc.md, mean over seeds of the final global accuracy)", ""]
+    lines += ["### Acceptance checks (the criteria of docs/fedrc/README.md, mean over seeds of the final global accuracy)", ""]
     for scenario in dict.fromkeys(r["scenario"] for r in rows):
         g = {s: np.mean([r["global_final"] for r in by[(scenario, s)]])
              for (sc, s) in by if sc == scenario}

@@ -1,5 +1,5 @@
 """Fielding vs the global model and the Auxo-style baseline on the label-bucket streams
-(``digits-buckets``, ``mixture-buckets``: the paper's Open Images bucket trace at a small scale; docs/fielding.md).
+(``digits-buckets``, ``mixture-buckets``: the paper's Open Images bucket trace at a small scale; docs/fielding/README.md).
 
 9 time steps x 10 rounds; every step a new label bucket streams into every client's window (all
 clients drift). MLP, SGD lr 0.1, 10 local steps, batch 20, 30% of the clients trained per round

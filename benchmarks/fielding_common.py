@@ -1,10 +1,10 @@
 """Shared helpers of the Fielding benchmarks: run a configuration in-process, windows of mean
 accuracy, time-to-target-accuracy in rounds and in simulated time.
 
-Time-to-target (docs/fielding.md, D11; computed in fedcluster_app.core.results, which
+Time-to-target (docs/fielding/README.md, D11; computed in fedcluster_app.core.results, which
 `fedcluster report` also uses): the first round after which a run's mean client
 accuracy never drops below the target again; the target defaults to the final accuracy of the
-global model (FedAvg/FedProx). Simulated time uses a simple cost model (docs/fielding.md, D11): clients
+global model (FedAvg/FedProx). Simulated time uses a simple cost model (docs/fielding/README.md, D11): clients
 train in parallel, so a round costs one participant's model download + upload
 (bytes_up / trained_clients of the round, twice) over ``bandwidth`` bytes/s, plus ``local-steps``
 SGD steps of ``step_s`` seconds, plus Fielding's drift reports (4 bytes per reported coordinate,

@@ -1,8 +1,8 @@
-"""Concept drift (the paper's appendix experiment; docs/fielding.md, D16): ``digits-concept-swap``, half of the 20 clients swap
+"""Concept drift (the paper's appendix experiment; docs/fielding/README.md, D16): ``digits-concept-swap``, half of the 20 clients swap
 two random labels at step 2 (round 6). Fielding with the label representation cannot see it (the
 label vectors do not change); with the gradient representation of the shared probe model it can.
 Squared Euclidean distance and eps-drift 0.3 for the gradients (with a well-trained probe the
-cosine distance is dominated by noise: see docs/fielding.md).
+cosine distance is dominated by noise: see docs/fielding/README.md).
 
     python benchmarks/fielding_concept.py [--seeds 0 1 2] [--jsonl FILE]
 

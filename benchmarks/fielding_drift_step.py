@@ -15,7 +15,7 @@ The global re-clustering is timed (whether or not the trigger fired) with each k
 
 * ``before``  -- the restarts one after the other (Hamerly's bounds; the implementation before
   the lock-step engine, bit for bit: ``batched=False``);
-* ``exact``   -- the lock-step engine, every restart to convergence (the k-means of docs/fielding.md, D4:
+* ``exact``   -- the lock-step engine, every restart to convergence (the k-means of docs/fielding/README.md, D4:
   ``batched=True``);
 * ``default`` -- what Fielding runs by default (``fielding.n-keep = 2``): for sparse vectors from
   1,000 clients on, the lock-step engine with successive halving -- only the ``--n-keep``

@@ -2,7 +2,7 @@
 
 On the drift-step benchmark's Open-Images-like bucket trace (5,078 clients x 100 labels), for
 every K in 2..10 and a few traces and seeds: the cost (sum of l1 distances to the centers) of the
-best restart when all ``--n-init`` restarts run to convergence (the k-means of docs/fielding.md, D4, lock-step
+best restart when all ``--n-init`` restarts run to convergence (the k-means of docs/fielding/README.md, D4, lock-step
 engine) against successive halving (only the ``--n-keep`` restarts of lowest cost after
 ``--prune-at`` Lloyd iterations run on), both from the same k-means++ seeds, and the time of each.
 Also the spread of the costs of the individual restarts (the per-restart engine), for scale.

@@ -1,5 +1,5 @@
 """Fielding with malicious clients that permute their label vector at registration
-(the paper's threat model; docs/fielding.md, D15) on ``labels-small-large`` (settings of fielding_small_large.py), against the
+(the paper's threat model; docs/fielding/README.md, D15) on ``labels-small-large`` (settings of fielding_small_large.py), against the
 global model: mean accuracy before the drifts (rounds 1-20, where the lies matter: the initial
 clustering uses them), after them (21-60) and overall.
 

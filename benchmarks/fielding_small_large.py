@@ -1,4 +1,4 @@
-"""Fielding on ``labels-small-large`` (the small experiment of docs/fielding.md): small drift at round 21, large at round 41.
+"""Fielding on ``labels-small-large`` (the small experiment of docs/fielding/README.md): small drift at round 21, large at round 41.
 
 Settings: 30 clients, 60 rounds (12 steps x 5 rounds), multinomial logistic
 regression, SGD lr 0.3, 5 local steps, batch 20, M = 9 clients per round (fraction-train 0.3 for

@@ -1,7 +1,7 @@
 """Why Fielding's global re-clustering fires at 30 clients and not at 302 on ``digits-buckets``.
 
 Fielding re-clusters everybody when the largest center shift of a drift step reaches tau times
-the mean distance between the reference centers (docs/fielding.md, "The algorithm as
+the mean distance between the reference centers (docs/fielding/README.md, "The algorithm as
 implemented"). This runs Fielding on a label-bucket stream at several population sizes, with the
 settings of the 302-client table (``fielding_buckets.py --prox-mu 0.01``: 10 rounds per step,
 SGD lr 0.1, 10 local steps, batch 20, M = 30% of the clients), and prints for every drift step the

@@ -1,11 +1,11 @@
-"""FlexCFL's small experiment (docs/flexcfl.md) on Synthetic(1,1) + MCLR, and the communication of each method.
+"""FlexCFL's small experiment (docs/flexcfl/README.md) on Synthetic(1,1) + MCLR, and the communication of each method.
 
 Runs every (scenario, method, data seed) in-process with presets/flexcfl-synthetic.toml, reads
 ``weighted_accuracy`` (correct / test samples, the paper's metric) from each run's metrics.jsonl for the
 rounds after the round-robin phase (round > N/K), and prints per run the max and the mean of the
 last 10 rounds, the migrations, and the models sent down and up (training and query messages;
 evaluation excluded) with their ratio to FedAvg (``flexcfl-fedavg``: same selection). It then
-checks the experiment's pass criteria (i)-(iii) (docs/flexcfl.md). The rows also go to ``--jsonl``.
+checks the experiment's pass criteria (i)-(iii) (docs/flexcfl/README.md). The rows also go to ``--jsonl``.
 ``--score-both`` scores every run under both rules of ``eval-model`` (each client with its
 group's current model, and with the model it last received, as the authors' code does; FedAvg
 with its current model under both) and prints the table and the checks under each.
@@ -92,7 +92,7 @@ def summarize(scenario: str, method: str, seed: int, k: int, out_dir: Path) -> d
 
 
 def _paper_units(method: str, cfg: dict, recs: list[dict]) -> dict:
-    """FlexCFL's communication as the paper's client-side mode counts it (docs/flexcfl.md, D10): cold starts decided on the client,
+    """FlexCFL's communication as the paper's client-side mode counts it (docs/flexcfl/README.md, D10): cold starts decided on the client,
     so a newcomer costs m + 1 downloads (w0 and the m directions) once, a migration nothing, and
     the group cold start alpha*m downloads of w0, alpha*m uploads and alpha*m*m downloads of W0.
     Our run does them on the server (w0 down, the pre-trained model up: 2 per cold start)."""

@@ -1,8 +1,8 @@
 """Six strategies x three seeds on River's ImageSegments table with FedCCFA's sudden label swaps
-(scenario ``imagesegments-swap``), in-process, one common setting; writes docs/imagesegments.md.
+(scenario ``imagesegments-swap``), in-process, one common setting; writes docs/imagesegments/README.md.
 
     python benchmarks/imagesegments_table.py [--out runs/imagesegments-table] \
-        [--results docs/imagesegments_results.jsonl] [--doc docs/imagesegments.md] [--table-only]
+        [--results docs/imagesegments/imagesegments_results.jsonl] [--doc docs/imagesegments/README.md] [--table-only]
 
 Every run's summary (without the run config and long arrays), plus the metric it reports, its
 cluster counts, its compute time and the machine load around it, is appended to --results as one
@@ -411,8 +411,8 @@ def write_doc(path: Path, rows: list[dict], results_path: Path, command: str) ->
 def main(argv=None) -> int:
     ap = parser(__doc__)
     ap.add_argument("--out", type=Path, default=Path("runs/imagesegments-table"))
-    ap.add_argument("--results", type=Path, default=Path("docs/imagesegments_results.jsonl"))
-    ap.add_argument("--doc", type=Path, default=Path("docs/imagesegments.md"))
+    ap.add_argument("--results", type=Path, default=Path("docs/imagesegments/imagesegments_results.jsonl"))
+    ap.add_argument("--doc", type=Path, default=Path("docs/imagesegments/README.md"))
     ap.add_argument("--table-only", action="store_true",
                     help="only rewrite the markdown from the JSON lines")
     args = ap.parse_args(argv)

@@ -1,8 +1,8 @@
 """Poisoning: accuracy of one strategy per family with 10%, 20% and 30% attacking clients of each
-kind, under three defence settings; writes docs/reliability.md's poisoning table.
+kind, under three defence settings; writes docs/operations/reliability.md's poisoning table.
 
-    python benchmarks/poisoning_table.py [--results docs/reliability_poisoning.jsonl] \
-        [--doc docs/reliability.md] [--table-only]
+    python benchmarks/poisoning_table.py [--results docs/operations/reliability_poisoning.jsonl] \
+        [--doc docs/operations/reliability.md] [--table-only]
 
 Attacks (``fedcluster_app.faults.ATTACKS``): ``huge`` (every weight 1e30), ``scaled`` (update
 x -1000), ``inflated`` (num-examples x 10^6), ``permuted`` (list metrics shuffled: losses,
@@ -124,8 +124,9 @@ def write_doc(doc: Path, rows: list[dict]) -> None:
 
 def main(argv=None) -> int:
     ap = parser(__doc__)
-    ap.add_argument("--results", type=Path, default=ROOT / "docs" / "reliability_poisoning.jsonl")
-    ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "reliability.md")
+    docs = ROOT / "docs" / "operations"
+    ap.add_argument("--results", type=Path, default=docs / "reliability_poisoning.jsonl")
+    ap.add_argument("--doc", type=Path, default=docs / "reliability.md")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args(argv)
     if not args.table_only:

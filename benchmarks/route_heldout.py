@@ -1,5 +1,5 @@
 """How often ``route(x, y)`` sends a client that was never in a run to the cluster of its true
-concept, per family (docs/export.md, "Routing a new client").
+concept, per family (docs/guides/export.md, "Routing a new client").
 
 Each run trains on a scenario's clients but a few (they never join: their nodes are left out),
 then every withheld client is routed by the strategy's own newcomer rule (``load_run(...)
@@ -11,7 +11,7 @@ client of that concept), and only counts where the run gave each concept a clust
 seed, separated, routes, right, accuracy.
 
     python benchmarks/route_heldout.py                          # 6 families x 3 seeds (~1 min)
-    python benchmarks/route_heldout.py --seeds 0 1 2 --jsonl docs/route_heldout.jsonl
+    python benchmarks/route_heldout.py --seeds 0 1 2 --jsonl docs/guides/route_heldout.jsonl
 """
 
 from __future__ import annotations

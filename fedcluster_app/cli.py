@@ -158,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="md: tables (default); csv: one row per run; json: every number")
     exp = sub.add_parser("export", help="write a run's cluster models (safetensors state_dicts, "
                          "TorchScript) and a manifest that load without fedcluster "
-                         "(docs/export.md)")
+                         "(docs/guides/export.md)")
     exp.add_argument("run_dir", type=Path, metavar="RUN_DIR",
                      help="a run directory with its checkpoint.npz (or the checkpoint file)")
     exp.add_argument("--out", type=Path, required=True, help="where the export goes")

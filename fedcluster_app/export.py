@@ -16,9 +16,9 @@ resumes a run), so the cluster models, each client's cluster and the strategy's 
   ...), a personal classifier head (FedCCFA, FedRep, FedBABU, Flash);
 * ``manifest.json``: the strategy, the run config, the scenario or dataset, the model spec
   and input shape, the classes, the preprocessing of raw inputs, each model's members and
-  each client's model, package versions (docs/export.md describes every field).
+  each client's model, package versions (docs/guides/export.md describes every field).
 
-Loading needs no fedcluster: ``docs/export.md`` shows the ten lines.
+Loading needs no fedcluster: ``docs/guides/export.md`` shows the ten lines.
 """
 
 from __future__ import annotations

@@ -254,7 +254,7 @@ def test_concept_by_cluster_mass_comes_from_the_log_or_the_assignments():
 
 def test_bench_writes_under_the_runs_directory_unless_a_report_is_named(tmp_path, monkeypatch):
     """Nothing a bench writes lands outside its runs directory unless --report names a page:
-    run from a checkout, the default never touches the committed docs/benchmark.md."""
+    run from a checkout, the default never touches the committed docs/benchmark/README.md."""
     from fedcluster_app.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -282,15 +282,24 @@ def test_the_smoke_matrix_has_its_own_runs_directory_and_a_named_report_wins():
     # the quick runs are shorter: they must never stand for the full matrix's runs
     assert paths("--quick") == ("runs/bench-quick", "runs/bench-quick/benchmark.md")
     assert paths("--runs-dir", "/x/r") == ("/x/r", "/x/r/benchmark.md")
-    assert paths("--report", "docs/benchmark.md") == ("runs/bench", "docs/benchmark.md")
+    assert paths("--report", "docs/benchmark/README.md") == ("runs/bench", "docs/benchmark/README.md")
+
+
+def test_a_page_named_readme_keeps_its_rows_and_plots_beside_it():
+    from pathlib import Path
+
+    from fedcluster_app.bench.command import report_folder
+
+    assert report_folder(Path("runs/bench/benchmark.md")) == Path("runs/bench/benchmark")
+    assert report_folder(Path("docs/benchmark/README.md")) == Path("docs/benchmark")
 
 
 def test_the_committed_page_names_its_own_path_in_its_regenerate_command():
-    """docs/benchmark.md is rewritten only by a command that names it; the page says which."""
+    """docs/benchmark/README.md is rewritten only by a command that names it; the page says which."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    page = (root / "docs" / "benchmark.md").read_text()
+    page = (root / "docs" / "benchmark" / "README.md").read_text()
     command = page.split("```bash\n", 1)[1].split("\n", 1)[0]
-    assert command.startswith("fedcluster bench ") and "--report docs/benchmark.md" in command
+    assert command.startswith("fedcluster bench ") and "--report docs/benchmark/README.md" in command
     assert "--reuse-rows docs/benchmark/runs.jsonl" in command

@@ -42,7 +42,7 @@ STANDARD = sorted({*SCENARIO_NAMES, "sine2", "circle2", "sea2", "sea4"})
 OFFLINE = [n for n in STANDARD
            if n.split("-")[0] not in ("mnist", "fmnist", "cifar10", "dataset")]
 
-# first step on concept B per client under schedule Y (docs/feddrift.md, "Data and drift
+# first step on concept B per client under schedule Y (docs/feddrift/README.md, "Data and drift
 # schedules")
 Y_FIRST_B = [7, 4, 5, 5, 9, 5, 7, 4, 6, 9]
 

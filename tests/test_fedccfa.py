@@ -1,4 +1,4 @@
-"""FedCCFA (docs/fedccfa.md): MADD, DBSCAN, entropy weight, swap schedules, server aggregation,
+"""FedCCFA (docs/fedccfa/README.md): MADD, DBSCAN, entropy weight, swap schedules, server aggregation,
 bad input, rejected client rows, and the personal classifier kept in context.state."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_madd_hand_made_vectors():
     w = rng.normal(size=(7, 5))
     np.testing.assert_allclose(madd(w), madd_loop(w), atol=1e-12)
     np.testing.assert_allclose(madd(w), madd(w * rng.uniform(0.5, 3, size=(7, 1))), atol=1e-12)
-    # distance (1 - S) instead of similarity gives the same matrix (docs/fedccfa.md, D6)
+    # distance (1 - S) instead of similarity gives the same matrix (docs/fedccfa/README.md, D6)
     u = w / np.linalg.norm(w, axis=1, keepdims=True)
     dist = 1 - u @ u.T
     alt = np.array([[0 if i == j else np.abs(dist[i] - dist[j])[[q for q in range(7) if q not in (i, j)]].mean()
@@ -461,7 +461,7 @@ def test_global_anchor_variant_sends_one_mean_anchor_per_class(tmp_path):
 # ------------------------------------------------------------------------------- Adaptive-FedAvg
 def test_adaptive_lr_schedule_on_hand_computed_values():
     """The FedCCFA paper's Adaptive-FedAvg constants (beta 0.7 / 0.3 / 0.7, eta0 0.01;
-    docs/fedccfa.md, D20), m^_0 = 0 (authors' code)."""
+    docs/fedccfa/README.md, D20), m^_0 = 0 (authors' code)."""
     from fedcluster_app.families.foundation.adaptive_fedavg import AdaptiveLR
 
     s = AdaptiveLR(0.01, 0.7, 0.3, 0.7, zero_start=True)

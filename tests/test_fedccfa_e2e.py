@@ -20,7 +20,7 @@ from fedcluster_app.launcher import run_on_deployment
 
 pytestmark = pytest.mark.slow
 
-# docs/fedccfa.md, "The personal classifier across rounds in a `flwr run` simulation"
+# docs/fedccfa/README.md, "The personal classifier across rounds in a `flwr run` simulation"
 RAY_SETTINGS = ["model=mlp", "hidden=16", "num-steps=2", "rounds-per-step=2", "drift-step=2",
                 "samples-per-step=80", "local-steps=2", "fedccfa.align-start=1", "plot=false"]
 

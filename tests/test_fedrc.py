@@ -71,7 +71,7 @@ def test_uniform_prior_is_fedem_and_zero_weight_is_absorbing():
 
 def test_label_prior_moves_label_skewed_samples_out_of_a_label_homogeneous_cluster():
     """Two models that fit a label-1 sample equally: FedEM splits it by omega, FedRC sends it
-    to the cluster where label 1 is rare (the balancing force of P~: docs/fedrc.md, "The
+    to the cluster where label 1 is rare (the balancing force of P~: docs/fedrc/README.md, "The
     algorithm as built")."""
     losses, y, omega = np.array([[0.5, 0.5]]), np.array([1]), np.array([0.5, 0.5])
     prior = np.array([[0.05, 0.95], [0.5, 0.5]])          # cluster 0 is almost all label 1
@@ -306,7 +306,7 @@ def test_bad_replies_are_rejected_logged_and_the_run_goes_on(tmp_path, caplog):
 def test_fedrc_separates_concepts_where_fedavg_cannot(tmp_path):
     """Concept shift only (no skew, no corruption): one FedAvg model fits one concept, FedRC
     serves held-out clients of several; a concept gets a cluster of its own (the third acceptance
-    check of docs/fedrc.md's small experiment: > 70% of its mass on a cluster no other concept
+    check of docs/fedrc/README.md's small experiment: > 70% of its mass on a cluster no other concept
     dominates)."""
     over = {"scenario": "shifts-concept-only", "num-clients": 12, "rounds-per-step": 40}
     rc = run_inprocess(small(tmp_path, "fedrc", strategy="fedrc", **over))
@@ -320,7 +320,7 @@ def test_fedrc_separates_concepts_where_fedavg_cannot(tmp_path):
 
 
 def test_normal_init_is_the_calibrated_recipe():
-    """init = "normal": weights N(0, 1/fan_in), biases 0 (docs/fedrc.md, D11); distinct seeds
+    """init = "normal": weights N(0, 1/fan_in), biases 0 (docs/fedrc/README.md, D11); distinct seeds
     differ."""
     from fedcluster_app.core.models import ModelSpec, initial_weights
 

@@ -1,4 +1,4 @@
-"""FedRC's client populations (data only): the small experiment of docs/fedrc.md ("The small
+"""FedRC's client populations (data only): the small experiment of docs/fedrc/README.md ("The small
 experiment and its acceptance checks") and the single-shift ablations of the paper's Table 8.
 Everything here is numpy-only and fast."""
 

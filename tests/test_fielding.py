@@ -121,7 +121,7 @@ def test_tau_ablations_and_static_cfl(tmp_path):
 
 
 def test_adjust_sampled_moves_a_drifted_client_only_once_it_is_sampled(tmp_path):
-    # the paper's ablation "re-cluster the selected clients only" (docs/fielding.md, Baselines and
+    # the paper's ablation "re-cluster the selected clients only" (docs/fielding/README.md, Baselines and
     # ablations)
     _, rounds = _run(tmp_path, "sampled", strategy="fielding", **{"fielding.adjust": "sampled"})
     by_round = {r["round"]: r for r in rounds}

@@ -128,7 +128,7 @@ def test_large_drift_triggers_and_empty_cluster_is_reported():
 
 
 def test_diameter_trigger_catches_the_symmetric_split_the_center_shift_misses():
-    # docs/fielding.md, D14: 3 groups re-form as 5 pairs; centers barely move
+    # docs/fielding/README.md, D14: 3 groups re-form as 5 pairs; centers barely move
     rng = np.random.default_rng(4)
     groups3 = ((0, 1, 2, 3), (4, 5, 6), (7, 8, 9))
     x, truth = _groups(rng, n_per=10, groups=groups3)
@@ -314,7 +314,7 @@ def test_engine_is_picked_by_size(monkeypatch):
 
 # ------------------------------------------------------------ against a plain reference
 def _plain_kmeans(x, k, n_init, rng, keep=None, prune_at=3, max_iter=100):
-    """docs/fielding.md, D4 written plainly: brute-force l1 distances, k-means++ with the same
+    """docs/fielding/README.md, D4 written plainly: brute-force l1 distances, k-means++ with the same
     RNG calls, Lloyd until no client moves; with ``keep``, successive halving after
     ``prune_at`` iterations (restarts already finished stay in the pool and are never dropped)."""
     dist = lambda c: np.abs(x[:, None, :] - c[None, :, :]).sum(2)

@@ -1,5 +1,5 @@
 """FlexCFL family: the Synthetic(a,b) data and shifts, the strategies, the implementation checks
-listed in docs/flexcfl.md ("Tests") and the bad inputs. Tiny configs: 20 clients, a few
+listed in docs/flexcfl/README.md ("Tests") and the bad inputs. Tiny configs: 20 clients, a few
 rounds."""
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def test_fedcluster_run_with_a_users_model_and_dataset_in_process(tmp_path, caps
 
 def test_a_gpu_client_uses_deterministic_cudnn_unless_told_otherwise(monkeypatch):
     """Two FedCCFA runs on an H200 differed by 1.5e-8 with cuDNN's fastest algorithms and
-    repeated bit for bit with its deterministic ones (docs/performance.md, GPU)."""
+    repeated bit for bit with its deterministic ones (docs/operations/performance.md, GPU)."""
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     models.prepare_device("cpu", True)                # the CPU: nothing to set

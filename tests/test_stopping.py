@@ -1,5 +1,5 @@
 """Stopping, one writer, nothing lost to an interruption, out directories, refusals
-(docs/reliability.md, "Interruptions, writers and out directories").
+(docs/operations/reliability.md, "Interruptions, writers and out directories").
 
 The in-process engine's signal tests run the real `fedcluster run` in a process of its own;
 the Ray engine's are in tests/test_e2e_ray.py (slow)."""

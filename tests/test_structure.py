@@ -237,7 +237,7 @@ OUTSIDE = re.compile(r"\.\./shared|shared/(specs|seeds)|\bspecs?/|FLOWER\.md|ARC
 
 
 def test_nothing_cites_a_file_outside_the_repository():
-    files = [*PACKAGE.rglob("*.py"), *(ROOT / "docs").glob("*.md"), ROOT / "README.md",
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "docs").rglob("*.md"), ROOT / "README.md",
              *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "presets").glob("*.toml"),
              ROOT / "pyproject.toml", *(ROOT / "examples").rglob("*.py")]
     hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}"

@@ -21,11 +21,11 @@ examples:
   fedcluster bench --workers 2                  # the full matrix (resumable: run it again to go on)
   fedcluster bench --datasets digits --strategies fedavg ifca fielding --seeds 0 1 2
   # regenerate the committed page: it runs only what the committed rows lack
-  fedcluster bench --workers 2 --reuse-rows docs/benchmark/runs.jsonl --report docs/benchmark.md
+  fedcluster bench --workers 2 --reuse-rows docs/benchmark/runs.jsonl --report docs/benchmark/README.md
 
 The leaderboard, its rows and plots go under the runs directory (RUNS_DIR/benchmark.md and
-RUNS_DIR/benchmark/) unless --report names another page: nothing is written into the
-repository unless you name it.
+RUNS_DIR/benchmark/) unless --report names another page (a page named README.md keeps them
+beside it, in its own folder): nothing is written into the repository unless you name it.
 """
 
 
@@ -119,6 +119,13 @@ def output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
     return runs_dir, args.report or runs_dir / REPORT_NAME
 
 
+def report_folder(report: Path) -> Path:
+    """Where a leaderboard page's rows and plots go: the folder of the page's name beside it
+    (``benchmark.md`` -> ``benchmark/``), or the page's own folder when the page is a folder's
+    ``README.md`` (docs/benchmark/README.md keeps page, rows and plots together)."""
+    return report.parent if report.name == "README.md" else report.with_suffix("")
+
+
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from fedcluster_app.bench import report as R
     from fedcluster_app.bench.runner import run_dir, run_matrix
@@ -139,7 +146,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                            log=lambda line: print(line, flush=True),
                            ray_address=args.ray_address, reuse=reuse)
     load1 = os.getloadavg()[0]
-    folder = args.report.with_suffix("")
+    folder = report_folder(args.report)
     data_file = folder / "runs.jsonl"
     R.write_rows(rows, data_file)
     heat = heatmap_scenarios([r["scenario"] for r in rows])

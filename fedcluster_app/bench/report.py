@@ -383,7 +383,7 @@ def _rounds_line(protocol: dict) -> str:
 def render(rows: list[dict], strategies: list[str], protocol: dict, command: str,
            plots: list[Path], doc: Path, data_file: Path, run_info: dict,
            reading: str | None = None) -> str:
-    """A leaderboard page's markdown, e.g. ``docs/benchmark.md`` (every number from ``rows``)."""
+    """A leaderboard page's markdown, e.g. ``docs/benchmark/README.md`` (every number from ``rows``)."""
     by = group(rows)
     ok = sum(1 for r in rows if r["status"] in OK)
     seeds = sorted({r["seed"] for r in rows})

@@ -241,7 +241,7 @@ class ModelSettings(HParams):
                                 "client after the other")
     deterministic: bool = param(True, "on a GPU: cuDNN's deterministic algorithms, so a seed "
                                 "repeats bit for bit; false = its fastest ones (batched CNN "
-                                "rounds up to 2.3x faster on an H200, docs/performance.md)")
+                                "rounds up to 2.3x faster on an H200, docs/operations/performance.md)")
     window: int = param(1, "past steps of data a client trains on (1 = newest only)", ge=1)
 
     def check(self) -> None:
@@ -304,7 +304,7 @@ class FederationSettings(HParams):
 
 @dataclass(frozen=True)
 class DefenceSettings(HParams):
-    """Defences against poisoned replies (docs/reliability.md)."""
+    """Defences against poisoned replies (docs/operations/reliability.md)."""
 
     update_norm_bound: float = param(10.0, "an update (returned - sent model) longer than this x "
                                      "the median update of the same model in the exchange (3 or "
@@ -329,7 +329,7 @@ class ResultSettings(HParams):
                                           "context.state (personal models, ...), put back on "
                                           "resume; false = it stays on the devices only")
     export: bool = param(False, "true = at the end, write every cluster model (state_dicts, "
-                         "TorchScript) and a manifest to out-dir/export (docs/export.md), as "
+                         "TorchScript) and a manifest to out-dir/export (docs/guides/export.md), as "
                          "`fedcluster export` does")
     resume_from: str = param("", "checkpoint file or run directory to resume from")
     overwrite: bool = param(False, "true = a new run may replace the finished run in out-dir "
@@ -411,8 +411,7 @@ def run_config_table() -> str:
     (generated from the groups, never by hand)."""
     lines = ["[tool.flwr.app.config]"]
     for group in GROUPS:
-        lines.append("# " + group.__doc__.split("\n")[0].rstrip(".").lower().replace(
-            "(docs/reliability", "(docs/reliability"))
+        lines.append("# " + group.__doc__.split("\n")[0].rstrip(".").lower())
         for key, default, allowed, doc in group.describe():
             rule = "" if allowed in ("a string", "true or false") else f" [{allowed}]"
             lines.append(f"{f'{key} = {toml_value(default)}':<31} # {doc}{rule}")

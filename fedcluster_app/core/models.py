@@ -164,7 +164,7 @@ def _construct(spec: ModelSpec, seed: int | None) -> nn.Module:
             model: nn.Module = MLP(int(np.prod(spec.input_shape)), spec.hidden, spec.num_classes)
         else:
             model = CNN(spec.input_shape, spec.num_classes)
-        if spec.init == "normal":   # FedRC's calibrated recipe (docs/fedrc.md, D11)
+        if spec.init == "normal":   # FedRC's calibrated recipe (docs/fedrc/README.md, D11)
             for layer in model.modules():
                 if isinstance(layer, (nn.Linear, nn.Conv2d)):
                     fan_in = layer.weight[0].numel()
@@ -276,7 +276,7 @@ def prepare_device(device: str, deterministic: bool = True) -> None:
     algorithms unless ``deterministic`` (the run-config key) is false. Its fastest convolution
     algorithms add in any order: on an H200 two FedCCFA runs with the same seed differed by
     1.5e-8 with them, while nine runs repeated bit for bit with the deterministic ones, which
-    cost batched CNN rounds 1.2-2.3x there (docs/performance.md, "On a GPU")."""
+    cost batched CNN rounds 1.2-2.3x there (docs/operations/performance.md, "On a GPU")."""
     if str(device).startswith("cuda"):
         torch.backends.cudnn.deterministic = bool(deterministic)
         torch.backends.cudnn.benchmark = False

@@ -95,7 +95,7 @@ def hyperparameter_tables() -> str:
     """Every strategy's hyper-parameter table, in the order of the families, as
     ``[tool.flwr.app.config.<table>]`` sections of pyproject.toml (which holds exactly this)."""
     def doc(params: type[HParams]) -> str:
-        return f"docs/{params.__module__.split('.')[2]}.md"
+        return f"docs/{params.__module__.split('.')[2]}/README.md"
 
     return "\n".join(toml_table(params, f"{', '.join(names)} (Dn: {doc(params)})")
                      for params, names in hyperparameter_users().items())

@@ -6,7 +6,7 @@ here instead: the same computation (cross-entropy, Adam with amsgrad and L2 weig
 exactly as ``torch.optim.Adam``, or SGD with momentum), on the same minibatches, in float64.
 The training loop itself is compiled (``core/compiled_mlp.train_mlp``): it was a sequence of ~30
 NumPy calls per step on arrays of a few dozen numbers, whose Python overhead was the cost
-(docs/performance.md). It states the earlier NumPy
+(docs/operations/performance.md). It states the earlier NumPy
 formulation's arithmetic operation by operation and gives its numbers bit for bit for two
 classes (all of FedDrift's data), checked on the golden runs; with an odd number of classes the
 last class's weight gradient is summed in another order than OpenBLAS's remainder kernel

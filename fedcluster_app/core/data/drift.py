@@ -53,7 +53,7 @@ __all__ = [
     "swap_permutation",
 ]
 
-#: FedCCFA's label-swap pairs of groups G1, G2, G3 (docs/fedccfa.md, The algorithm).
+#: FedCCFA's label-swap pairs of groups G1, G2, G3 (docs/fedccfa/README.md, The algorithm).
 FEDCCFA_SWAP_PAIRS = ((1, 2), (3, 4), (5, 6))
 
 

@@ -3,7 +3,7 @@
 Everything here is deterministic given the ``numpy.random.Generator`` it is handed; the scenarios
 (see ``scenarios.py``) hand each (client, step) its own generator.
 
-* Tabular concepts, exactly as in docs/feddrift.md, "Data and drift schedules" (SEA: D11):
+* Tabular concepts, exactly as in docs/feddrift/README.md, "Data and drift schedules" (SEA: D11):
   SINE (``x ~ U[0,1]^2``, ``y = 1 if x2 <= sin(x1)``; concept B flips the labels), CIRCLE
   (``x ~ U[0,1]^2``, ``y = 0`` inside the circle, 1 outside), SEA (``x ~ U[0,10]^3``,
   ``y = 1 if x1 + x2 <= threshold``, ``x3`` pure noise, every label flipped with probability

@@ -18,7 +18,7 @@ on the family:
 family             concepts (id: meaning)                  drifting clients    target concept
 =================  ======================================  ==================  ================
 sine2              0: A, 1: B (= A with labels flipped)    first half          1
-circle2            0: A, 1: B (circles: docs/feddrift.md)  first half          1
+circle2            0: A, 1: B (circles: docs/feddrift/README.md)  first half          1
 sea2 / sea4        thresholds 0: 9, 1: 8 (/ 2: 7, 3: 9.5)  first half          1 / 1 + k % 3
 sea2/4-authors     thresholds 0: 8, 1: 9 (/ 2: 7, 3: 9)    first half          1 / 1 + k % 3
 mixture-swap       0: original, 1: labels y -> (y+1) % C   first half          1

@@ -223,7 +223,7 @@ def time_to_target_table(rows: list[dict], baseline: str | None, target: float |
             f"{TARGET_FRACTION:g} x the highest accuracy a compared run of the same scenario, "
             f"seed and scoring rule holds to its end")
     lines = ["", f"## Time to target accuracy (target: {goal}; a speed-up only where the run "
-             f"and the baseline both reach it; simulated time as docs/fielding.md, D11 "
+             f"and the baseline both reach it; simulated time as docs/fielding/README.md, D11 "
              f"defines it)", ""]
     table = [[_cell(r["run"]), _cell(r["strategy"]), _cell(r["accuracy_rule"]),
               _fmt(r["target"]),

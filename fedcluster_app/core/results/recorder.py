@@ -46,7 +46,7 @@ def compute_summary(records: list[dict]) -> dict:
     ``models_allocated_final`` and ``assignments_final`` (client -> cluster) are the last
     round's.
     With held-out clients (FedRC's test clients) the same for ``global_accuracy``, plus
-    ``last5_*``: the mean of the last five evaluated rounds (docs/fedrc.md, D4).
+    ``last5_*``: the mean of the last five evaluated rounds (docs/fedrc/README.md, D4).
     """
     accs = [r["accuracy"] for r in records if r.get("accuracy") is not None]
     globs = [r["global_accuracy"] for r in records if r.get("global_accuracy") is not None]

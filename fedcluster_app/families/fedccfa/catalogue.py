@@ -50,7 +50,7 @@ SCENARIOS = [
 ]
 
 
-# The FedCCFA paper's local training (docs/fedccfa.md; benchmarks/fedccfa_small.py): an MLP with
+# The FedCCFA paper's local training (docs/fedccfa/README.md; benchmarks/fedccfa_small.py): an MLP with
 # 64 hidden units, 5 SGD epochs per round (lr 0.01, momentum 0.9, weight decay 1e-5, batches of
 # 64), 5 rounds per time step.
 _PAPER = {"model": "mlp", "hidden": 64, "rounds-per-step": 5, "optimizer": "sgd", "lr": 0.01,

@@ -1,4 +1,4 @@
-"""FedCCFA's pure pieces (docs/fedccfa.md, "The algorithm"): MADD, DBSCAN over it, the entropy
+"""FedCCFA's pure pieces (docs/fedccfa/README.md, "The algorithm"): MADD, DBSCAN over it, the entropy
 weight, the paper's swap schedule and the drift/recovery numbers. No Flower, no torch:
 unit-testable.
 """
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-#: FedCCFA's swap pairs of groups G1, G2, G3 (docs/fedccfa.md, The algorithm; D1), by ``k % 10``.
+#: FedCCFA's swap pairs of groups G1, G2, G3 (docs/fedccfa/README.md, The algorithm; D1), by ``k % 10``.
 SWAP_PAIRS = ((1, 2), (3, 4), (5, 6))
 PATTERNS = ("none", "sudden", "incremental", "recurring")
 
@@ -23,7 +23,7 @@ def swap_group(k: int) -> int:
 
 def swap_pair(k: int, t: int, pattern: str, start: int = 100, gap: int = 10,
               revert: int = 150) -> tuple[int, int] | None:
-    """The label swap client ``k`` has at (0-indexed) round ``t`` (docs/fedccfa.md, Drift patterns).
+    """The label swap client ``k`` has at (0-indexed) round ``t`` (docs/fedccfa/README.md, Drift patterns).
 
     ``sudden``: every group swaps at ``start``; ``incremental``: group g at ``start + g * gap``;
     ``recurring`` ("reoccurring"): every group at ``start``, back to the original labels at

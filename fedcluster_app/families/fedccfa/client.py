@@ -1,4 +1,4 @@
-"""Client side of FedCCFA and its decoupled/adaptive baselines (docs/fedccfa.md, "One round of
+"""Client side of FedCCFA and its decoupled/adaptive baselines (docs/fedccfa/README.md, "One round of
 ``fedccfa``" and "Baselines").
 
 Message kinds:
@@ -7,7 +7,7 @@ Message kinds:
   classifier phi(0)) and, in the config, the results of the client's previous participation
   (the cluster-mean classifier rows and anchors of the classes where it sat in a cluster of >= 2
   clients). The client applies them to its personal state, then runs the five client steps in
-  the order of docs/fedccfa.md, "One round of ``fedccfa``" (``ccfa-algo = fedccfa``) or a
+  the order of docs/fedccfa/README.md, "One round of ``fedccfa``" (``ccfa-algo = fedccfa``) or a
   baseline's local training (``fedrep``, ``fedbabu``, ``flash``). It returns the model (trained
   extractor + phi(0) unchanged) under the id it was sent, and, for FedCCFA, one extra record
   ``model.-2`` = [balanced W, balanced b, personal W, personal b, local anchors (C x d), anchor

@@ -20,13 +20,13 @@ anchors, are replaced by their uniform means. Singletons keep their own. Fewer t
 replies: no clustering that round (MADD needs 3). The extractor is trained with
 CE + lambda * L_align, L_align the contrastive loss of the features to the anchors (Eq. 8) and
 lambda = H(P_k(Y)) / gamma (Eq. 9). The results reach a client with its next message and are
-applied to its personal state. The choices where the paper is silent: docs/fedccfa.md.
+applied to its personal state. The choices where the paper is silent: docs/fedccfa/README.md.
 
 Everything runs over two message kinds of ``client.py``: ``train.fedccfa`` (the five client
 steps, or a baseline's local training, chosen by ``ccfa-algo``) and ``query.fedccfa_eval``
 (personalised ``accuracy`` on the client's own test split and generalised ``gen-accuracy`` on
 the whole relabelled test pool). FedProx is the foundation's ``fedprox``, Adaptive-FedAvg with
-the FedCCFA paper's per-round constants (docs/fedccfa.md, D20) its ``adaptive-fedavg-rounds``.
+the FedCCFA paper's per-round constants (docs/fedccfa/README.md, D20) its ``adaptive-fedavg-rounds``.
 """
 
 from __future__ import annotations

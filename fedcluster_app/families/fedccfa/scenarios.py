@@ -1,4 +1,4 @@
-"""FedCCFA's named drift patterns on the digits (docs/fedccfa.md, "Drift patterns"): the
+"""FedCCFA's named drift patterns on the digits (docs/fedccfa/README.md, "Drift patterns"): the
 builders of the scenarios ``catalogue.py`` registers.
 
 ``digits-swap`` (sudden: every group swaps at the drift step) and ``digits-static`` (no drift)
@@ -29,14 +29,14 @@ def build_digits_swap(pattern: str, **kwargs) -> Scenario:
 
 # --------------------------------------------------------------------------- the paper's partition
 
-MIN_TRAIN_PER_CLASS = 5   # docs/fedccfa.md D4: every client holds >= 5 training samples per class
+MIN_TRAIN_PER_CLASS = 5   # docs/fedccfa/README.md D4: every client holds >= 5 training samples per class
 MIN_TEST_PER_CLASS = 2    # ... and >= 2 test samples of every class in its personalised split
 
 
 class MinPerClassRealisation(ClassRealisation):
     """A :class:`ClassRealisation` whose every (client, step) sample holds at least ``k`` items
     of every class (5 for training, 2 for testing), the rest drawn from the client's Dirichlet
-    prior: the paper's partition (docs/fedccfa.md, D4) on a stream. With fewer than ``k x C``
+    prior: the paper's partition (docs/fedccfa/README.md, D4) on a stream. With fewer than ``k x C``
     samples it falls back to the plain prior draw."""
 
     def __init__(self, base: ClassRealisation, k_train: int = MIN_TRAIN_PER_CLASS,
@@ -58,7 +58,7 @@ class MinPerClassRealisation(ClassRealisation):
 
 def build_digits_ccfa(**kwargs) -> Scenario:
     """``digits-swap`` (any drift-pattern, default sudden) with the paper's 5-per-class minimum
-    (docs/fedccfa.md, D4)."""
+    (docs/fedccfa/README.md, D4)."""
     pattern = str(kwargs.get("drift_pattern", "") or "sudden")
     base = build_scenario("digits-swap", **{**kwargs, "drift_pattern": pattern})
     params = dict(base.params, name="digits-ccfa", drift_pattern=kwargs.get("drift_pattern", ""))

@@ -22,7 +22,7 @@ The paper's other baselines are written for the protocol:
 * KUE (Cano & Krawczyk 2020): 10 models on random feature subspaces and Poisson(1) bootstraps,
   weighted by Cohen's kappa on the newest batch, the worst replaced every step, soft vote.
 
-Details the paper leaves open follow the authors' code: docs/feddrift.md D15, D16 and D22.
+Details the paper leaves open follow the authors' code: docs/feddrift/README.md D15, D16 and D22.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class OracleW(Oracle):
 class IFCAW(IFCA):
     """IFCA-W: per-round IFCA on the newest batch. Every round each client trains the model of
     lowest 0-1 error on its newest batch (``ifca-choice = "error"``, the FedDrift authors'
-    code: highest accuracy, ties to the lowest id; docs/feddrift.md, D23) or of lowest
+    code: highest accuracy, ties to the lowest id; docs/feddrift/README.md, D23) or of lowest
     cross-entropy (``"loss"``, IFCA's rule); each model is the sample-weighted mean of the
     clients that trained it. "An Efficient Framework for Clustered Federated Learning", Ghosh
     et al., NeurIPS 2020, https://arxiv.org/abs/2006.04088, as the FedDrift paper runs it."""

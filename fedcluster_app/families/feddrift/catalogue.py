@@ -1,6 +1,6 @@
 """The FedDrift family's catalogue, declared without importing its code
 (``fedcluster_app/families/__init__.py``): its strategies, and the paper's data, SINE-2,
-CIRCLE-2, SEA-2 and SEA-4 (docs/feddrift.md, "Data and drift schedules").
+CIRCLE-2, SEA-2 and SEA-4 (docs/feddrift/README.md, "Data and drift schedules").
 
 Ten clients, ten training steps plus the test-only step 11, on the standard synthetic streams
 of the core's catalogue (``core/data/generators.py``: SINE, CIRCLE, SEA) with the authors'
@@ -95,7 +95,7 @@ SCENARIOS = [
                 "schedule Y", "sea", "2", "Y", num_steps=11, drift_step=4),
     ScenarioDef("sea4", "SEA-4 (FedDrift): thresholds 9, 8, 7, 9.5, 10% label noise; 4-concept "
                 "schedule F with recurrence", "sea", "4", "F", num_steps=11, drift_step=4),
-    # SEA as the FedDrift authors' data files are (docs/feddrift.md, "SEA as the authors' files")
+    # SEA as the FedDrift authors' data files are (docs/feddrift/README.md, "SEA as the authors' files")
     ScenarioDef("sea2-authors", "SEA-2 as the FedDrift authors' data files: thresholds 8 (A) / 9 "
                 "(B), 10% label noise; schedule Y", "sea", "2-authors", "Y", num_steps=11,
                 drift_step=4),
@@ -105,7 +105,7 @@ SCENARIOS = [
 ]
 
 
-# The FedDrift paper's setup on its synthetic streams (docs/feddrift.md; benchmarks/
+# The FedDrift paper's setup on its synthetic streams (docs/feddrift/README.md; benchmarks/
 # feddrift_reproduce.py): R = 100 rounds per time step of K = 50 local Adam steps on batches of
 # 50, lr 0.01 with L2 0.001, and as many clusters as the stream has concepts.
 _PAPER = {"rounds-per-step": 100, "local-steps": 50, "batch-size": 50, "optimizer": "adam",

@@ -1,16 +1,16 @@
-"""Client side of the FedDrift family and its baselines (docs/feddrift.md, "Client side").
+"""Client side of the FedDrift family and its baselines (docs/feddrift/README.md, "Client side").
 
 Message kinds registered here:
 
 * ``train.feddrift`` -- train every model sent (or ``train-ids``) on the time steps the server
-  attached to it (``data-steps.<id>``), K minibatch steps each (TRAIN in docs/feddrift.md;
+  attached to it (``data-steps.<id>``), K minibatch steps each (TRAIN in docs/feddrift/README.md;
   minibatches: D9). Optional per model: ``fd.step-weights.<id>`` (one weight per attached step:
   each minibatch first draws a step with these probabilities, Weighted-Linear/-Exp) and
   ``select = "min-loss"`` / ``"min-error"`` (per-round IFCA: train only the model of lowest
   cross-entropy / 0-1 error on the newest batch, ties to the lowest id). Replies carry
   n(c, m) per model.
 * ``query.fd_probe`` -- 0-1 error, cross-entropy and sample count of every model sent on the
-  training batch of ``data-steps`` (the probe at the start of a step, docs/feddrift.md D2).
+  training batch of ``data-steps`` (the probe at the start of a step, docs/feddrift/README.md D2).
 * ``query.fd_distance`` -- FedDrift's cluster-distance phase: for every cluster j in
   ``fd.clusters``, draw ``fd.quota.<j>`` points from this client's data of the steps
   ``fd.steps.<j>`` and count the errors of every model sent on them.
@@ -60,7 +60,7 @@ def _use_numpy(client: StreamClient, config: dict, weights: list[np.ndarray]) ->
     """The NumPy kernel serves the built-in one-hidden-layer MLP only (a user's model with the
     same array shapes may compute something else), on the CPU: with ``device = "auto"`` too,
     since on an H200 these MLPs trained 2.4-6.4x faster here than in PyTorch on the GPU
-    (docs/performance.md, GPU); a client told ``cuda`` trains there, in PyTorch. It has no
+    (docs/operations/performance.md, GPU); a client told ``cuda`` trains there, in PyTorch. It has no
     proximal term: with ``prox-mu`` > 0 PyTorch trains."""
     return (config.get(ENGINE, "numpy") != "torch" and client.exp.spec.kind == "mlp"
             and float(config.get(P.TRAIN_PROX_MU, client.exp.cfg.train.prox_mu)) == 0

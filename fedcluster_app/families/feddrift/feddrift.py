@@ -21,7 +21,7 @@ It has drifted when (Eq. 4)
 Detection and clustering read only the clients' loss reports, never the ground truth. A
 client whose probe misses a model or is not finite keeps its previous identity for that step;
 one whose distance report is malformed is left out of the distance estimate. The choices where
-the paper is silent are docs/feddrift.md, "Choices where the paper is silent" (Dn below).
+the paper is silent are docs/feddrift/README.md, "Choices where the paper is silent" (Dn below).
 """
 
 from __future__ import annotations

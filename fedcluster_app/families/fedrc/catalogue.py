@@ -67,7 +67,7 @@ SCENARIOS = [(name, v.description, lazy_builder(f"{_PKG}.scenarios:build_fedrc",
              for name, v in VARIANTS.items()]
 
 
-# The FedRC paper's setup (docs/fedrc.md; presets/fedrc-shifts3.toml): one static time step of
+# The FedRC paper's setup (docs/fedrc/README.md; presets/fedrc-shifts3.toml): one static time step of
 # T = 150 rounds, one SGD epoch (lr 0.2, batches of 32, last partial batch dropped) per round,
 # K = 3 clusters, weights N(0, 1/fan_in).
 _PAPER = {"rounds-per-step": 150, "num-clusters": 3, "init": "normal", "optimizer": "sgd",

@@ -15,8 +15,8 @@ class-by-cluster mass S_c every client reported, and FedRC's label-frequency est
 
     P~[k, y] = A[k, y] / sum_y' A[k, y'],   A[k, y] = max(sum_c S_c[k, y], 1e-8)
 
-over the latest S_c of every client ever seen (the authors' code; docs/fedrc.md, D1). Each
-model is the FedAvg of the clients' trained copies with weights N_c (not omega: docs/fedrc.md,
+over the latest S_c of every client ever seen (the authors' code; docs/fedrc/README.md, D1). Each
+model is the FedAvg of the clients' trained copies with weights N_c (not omega: docs/fedrc/README.md,
 D6). FedEM is FedRC with P~ fixed to uniform, the one place the two differ.
 
 Variants (``[tool.flwr.app.config.fedrc]``, shared by both): test-time hard clustering
@@ -66,7 +66,7 @@ class FedRC(ClusteredStrategy):
     def on_start(self) -> None:
         k = self.cfg.num_clusters
         for j in range(k):
-            self.new_model(self.initial_weights(salt=j))   # distinct seeds (docs/fedrc.md, D11)
+            self.new_model(self.initial_weights(salt=j))   # distinct seeds (docs/fedrc/README.md, D11)
         self.prior = np.full((k, self.num_classes), 1.0 / self.num_classes)
         for cid in self.clients:
             self.on_new_client(cid)

@@ -1,4 +1,4 @@
-"""FedRC's client populations: feature, label and concept shift at once (docs/fedrc.md, "The
+"""FedRC's client populations: feature, label and concept shift at once (docs/fedrc/README.md, "The
 small experiment and its acceptance checks"), plus the single-shift ablations of the paper's
 Table 8.
 
@@ -23,7 +23,7 @@ Population (all scenarios)
   Three held-out test clients get ids ``M, M+1, M+2``, so the scenario has ``M + 3`` clients.
   The held-out clients are declared with ``Scenario(holdout_clients=(M, M+1, M+2))``: they never
   train, and strategies use them to measure global accuracy.
-* Roles (docs/fedrc.md, D14): concept 0 (labels unchanged) goes to 40% of the clients, half of
+* Roles (docs/fedrc/README.md, D14): concept 0 (labels unchanged) goes to 40% of the clients, half of
   them feature-shifted. Concept 1 (``y -> 9 - y``) goes to 30%, a third of them feature-shifted.
   Concept 2 (``y -> (y + 1) mod 10``) goes to 30%, a third of them feature-shifted. For M = 30
   that is 6 + 6, 6 + 3 and 6 + 3 clients. For other M the concept counts are a largest-remainder
@@ -130,7 +130,7 @@ MAX_SEVERITY = 5
 NUM_HOLDOUTS = 3
 HOLDOUT_ADAPT_PER_CLASS = 12   # 40% of 30
 HOLDOUT_EVAL_PER_CLASS = 18    # 60% of 30
-DIGITS_HOLDOUT_FRACTION = 0.2  # ~80% of the images form the training pool (docs/fedrc.md)
+DIGITS_HOLDOUT_FRACTION = 0.2  # ~80% of the images form the training pool (docs/fedrc/README.md)
 DIGITS_COPIES = 3              # the pool is "triplicated" (each image at most 3x per draw)
 DIGIT_STYLES = ("noise", "invert", "translate", "blur", "dropout")
 CONCEPT_SHARES = (0.4, 0.3, 0.3)
@@ -176,7 +176,7 @@ def _largest_remainder(shares: tuple[float, ...], total: int) -> list[int]:
 
 
 def role_table(num_clients: int) -> list[tuple[int, bool]]:
-    """``(concept, corrupted)`` of the role blocks in the order of docs/fedrc.md's population
+    """``(concept, corrupted)`` of the role blocks in the order of docs/fedrc/README.md's population
     (concept 0 clean, concept 0 corrupted, concept 1 clean, ...), with ``num_clients`` entries."""
     if num_clients < len(CONCEPT_SHARES):
         raise ValueError(f"need at least {len(CONCEPT_SHARES)} clients, got {num_clients}")
@@ -236,7 +236,7 @@ def _mean_blur3(x: np.ndarray) -> np.ndarray:
 
 def corrupt_digits(x: np.ndarray, style: str, severity: int, rng: np.random.Generator,
                    direction: int = 0) -> np.ndarray:
-    """One feature-shift style (docs/fedrc.md, Digits) applied to images in [0, 1]; float32."""
+    """One feature-shift style (docs/fedrc/README.md, Digits) applied to images in [0, 1]; float32."""
     x = np.asarray(x, dtype=np.float32)
     if style == "noise":
         out = x + rng.normal(0.0, severity / 16.0, size=x.shape).astype(np.float32)

@@ -2,7 +2,7 @@
 
 "Auxo: Efficient Federated Learning via Scalable Client Clustering", Liu, Lai, Dai, Akella,
 Madhyastha, Chowdhury, ACM SoCC 2023, https://arxiv.org/abs/2210.16656. The Fielding paper
-compares against it; this is the simplified form of docs/fielding.md, D20.
+compares against it; this is the simplified form of docs/fielding/README.md, D20.
 
 Re-clustering uses only the sampled clients' training outputs (no extra communication). It
 starts with one cohort. After each round, with S_k the participants of cohort k (model w_k) and

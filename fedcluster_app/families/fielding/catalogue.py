@@ -1,6 +1,6 @@
 """The Fielding family's catalogue, declared without importing its code
 (``fedcluster_app/families/__init__.py``): its strategies, and its drift scenarios (built by
-``scenarios.py``, docs/fielding.md, "Scenarios")."""
+``scenarios.py``, docs/fielding/README.md, "Scenarios")."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ SCENARIOS = [
 ]
 
 
-# Fielding's setup as the benchmarks run it (docs/fielding.md; benchmarks/fielding_*.py): local
+# Fielding's setup as the benchmarks run it (docs/fielding/README.md; benchmarks/fielding_*.py): local
 # SGD on batches of 20, 30% of the clients per round.
 PROTOCOLS = {
     name: {"rounds-per-step": 5, "optimizer": "sgd", "lr": 0.3, "local-steps": 5,

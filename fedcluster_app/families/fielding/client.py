@@ -1,4 +1,4 @@
-"""Client side of Fielding (docs/fielding.md, "The algorithm as implemented" and
+"""Client side of Fielding (docs/fielding/README.md, "The algorithm as implemented" and
 "Representations"; the drift test: D1).
 
 Message kind registered here: ``query.fielding_rep``. The client computes the representation of
@@ -20,7 +20,7 @@ model's mean cross-entropy on the window: its last layer, or every layer with
 the query until the client has it, and the client keeps it in ``context.state``; a client that
 lost it answers ``fielding.probe-missing`` and gets it again.
 
-Malicious clients (test hook, docs/fielding.md D15): the run-config key
+Malicious clients (test hook, docs/fielding/README.md D15): the run-config key
 ``fielding.malicious-fraction`` picks round(f * N) clients (a permutation seeded by the run seed);
 they report a randomly permuted vector whenever they register, keep their true vector as ``r_last``
 and train honestly.

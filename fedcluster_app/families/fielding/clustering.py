@@ -1,4 +1,4 @@
-"""Fielding's clustering routine and drift handling (docs/fielding.md, "The algorithm as
+"""Fielding's clustering routine and drift handling (docs/fielding/README.md, "The algorithm as
 implemented"): what the strategies in ``fielding.py`` and ``auxo.py`` call. Pure NumPy, no Flower.
 
 * :func:`cluster` -- K chosen by the silhouette over ``k_min..min(k_max, N-1)`` (ties: smaller K),
@@ -62,7 +62,7 @@ def cluster(x: np.ndarray, metric: str, k_min: int = 2, k_max: int = 10, n_init:
             seed: int | list[int] = 0, min_silhouette: float = -1.0,
             pts: Points | None = None, tol: float = 0.0, keep: int | None = None,
             prune_at: int = 3, batched: bool | None = None) -> ClusterResult:
-    """The silhouette search (docs/fielding.md, D5): k-means for every K in range, the best
+    """The silhouette search (docs/fielding/README.md, D5): k-means for every K in range, the best
     silhouette wins (ties -> smaller K). Fewer than 3 clients, or a best silhouette below
     ``min_silhouette``: one cluster."""
     pts = pts or Points(x, metric)
@@ -115,7 +115,7 @@ def handle_drift(pts: Points, labels: np.ndarray, drifted: np.ndarray,
                  centers: dict[int, np.ndarray], reference: dict[int, np.ndarray],
                  tau: float, trigger: str = "center_shift",
                  delta_diam: float = math.inf) -> DriftOutcome:
-    """HANDLE_DRIFT (docs/fielding.md, "The algorithm as implemented", steps 1-3; D2, D3, D6)
+    """HANDLE_DRIFT (docs/fielding/README.md, "The algorithm as implemented", steps 1-3; D2, D3, D6)
     (it does not re-cluster; ``trigger`` says whether to).
 
     ``labels`` holds each row's cluster id (-1: never clustered, moved like a drifted client),

@@ -1,4 +1,4 @@
-"""Fielding's distances rho between client representations (docs/fielding.md), in pure NumPy.
+"""Fielding's distances rho between client representations (docs/fielding/README.md), in pure NumPy.
 
 * :class:`Points` -- representations prepared once for repeated distance computations:
   distances to centers (:meth:`Points.to_centers`) and per-cluster distance sums

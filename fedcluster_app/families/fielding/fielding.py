@@ -3,7 +3,7 @@
 "Fielding: Clustered Federated Learning with Data Drift", Li, Avdiukhin, Shahout, Ivkin,
 Braverman, Yu, arXiv preprint 2024, https://arxiv.org/abs/2411.01580 (its first version is
 titled "Federated Learning Clients Clustering with Adaptation to Data Drifts"). The algorithm as
-implemented and the choices where the paper is silent (Dn below): docs/fielding.md.
+implemented and the choices where the paper is silent (Dn below): docs/fielding/README.md.
 
 Each client c holds a representation r_c of its current data window (by default its label
 distribution, r_c[y] = n_c(y) / n_c) and reports it when rho(r_c, r_c^last) > ``eps-drift``
@@ -34,7 +34,7 @@ Every move, rejection and re-clustering is logged in metrics.jsonl (``fielding_*
 Strategies here: ``fielding``; the ablations ``fielding-tau0`` (global re-clustering on every
 drift) and ``fielding-tauinf`` (moves only); ``static-cfl`` (cluster once at the start with the
 same routine, never update). All read ``[tool.flwr.app.config.fielding]``. The paper's ablation
-"re-cluster only the selected clients" (docs/fielding.md, "Baselines and ablations") is
+"re-cluster only the selected clients" (docs/fielding/README.md, "Baselines and ablations") is
 ``adjust = "sampled"``: a drifted client's report waits until the client is sampled for
 training; then it moves (the same HANDLE_DRIFT, trigger included) and trains its new cluster's
 model.

@@ -1,4 +1,4 @@
-"""k-means with rho (docs/fielding.md, D4), in pure NumPy: :func:`kmeans` and its seeding.
+"""k-means with rho (docs/fielding/README.md, D4), in pure NumPy: :func:`kmeans` and its seeding.
 
 * :func:`kmeans_pp` -- k-means++ seeding with rho (next center drawn with probability
   proportional to D_i^2); for sparse l1 data all restarts' seedings advance together
@@ -197,7 +197,7 @@ def _reindex(res: KMeansResult) -> KMeansResult:
 def kmeans(pts: Points, k: int, n_init: int, rng: np.random.Generator,
            max_iter: int = 100, tol: float = 0.0, keep: int | None = None,
            prune_at: int = 3, batched: bool | None = None) -> KMeansResult:
-    """k-means with rho (docs/fielding.md, D4): ``n_init`` k-means++ seedings with rho, Lloyd
+    """k-means with rho (docs/fielding/README.md, D4): ``n_init`` k-means++ seedings with rho, Lloyd
     iterations with rho for the assignment and arithmetic-mean centers (an empty cluster keeps its
     center) until the assignment is unchanged or ``max_iter``; the run of lowest cost is kept,
     empty clusters are dropped and the rest re-indexed.

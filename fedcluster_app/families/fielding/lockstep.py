@@ -24,7 +24,7 @@ _PAD_PAIRS = 20_000             # pairs x padded centers below which one pass be
 def _argmin0(d: np.ndarray, eps: float | np.ndarray = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Along axis 0 of a (K, ...) array: the lowest k whose value is within ``eps`` of the minimum
     (ties -> lowest k; with eps > 0 the rounding of the dense pass cannot break a tie that
-    docs/fielding.md, D4 breaks by the index) and an upper bound on its value (min + eps). A loop
+    docs/fielding/README.md, D4 breaks by the index) and an upper bound on its value (min + eps). A loop
     over the short axis: numpy's reductions over a short last axis are slow. (The second loop
     stops at k = 1, so a tie between center 0 and another goes to the other one; kept as it is,
     since changing it changes the partitions wherever such exact ties occur.)"""
@@ -142,7 +142,7 @@ def lloyd_l1_batch(ent: L1Entries, groups: list[tuple[np.ndarray, np.ndarray | N
 
     ``keep`` (successive halving): after ``prune_at`` iterations only the ``keep`` restarts of
     a group of lowest cost so far (finished ones included) iterate on; the others are dropped
-    (cost inf). None: every restart runs to the end, as the k-means of docs/fielding.md, D4.
+    (cost inf). None: every restart runs to the end, as the k-means of docs/fielding/README.md, D4.
     """
     n, d = ent.n, ent.d
     sizes = [len(c) for c, _ in groups]

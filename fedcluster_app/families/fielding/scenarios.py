@@ -1,6 +1,6 @@
-"""Fielding's drift scenarios (docs/fielding.md, "Scenarios").
+"""Fielding's drift scenarios (docs/fielding/README.md, "Scenarios").
 
-* ``labels-small-large`` (the small experiment of docs/fielding.md): 30 clients, 10-class Gaussian
+* ``labels-small-large`` (the small experiment of docs/fielding/README.md): 30 clients, 10-class Gaussian
   mixture in 64-d (means N(0, I/9), unit noise: nearest-mean accuracy 0.84 under a uniform prior),
   label groups G1 = {0..3}, G2 = {4..6}, G3 = {7..9}; client i is in group i mod 3 with its own
   Dirichlet(5) proportions. At 1/3 of the steps 30% of the clients move to the next group (small
@@ -9,13 +9,13 @@
 * ``labels-frequent-small``: the same groups; every step from step 2 on, 2 random clients move to
   the next group (many small drifts: where tau = 0 churns).
 * ``digits-buckets`` / ``mixture-buckets``: the streaming label-bucket trace the paper built from
-  Open Images (docs/fielding.md, Scenarios): each client's label set is split at random into
+  Open Images (docs/fielding/README.md, Scenarios): each client's label set is split at random into
   buckets; the window holds two consecutive buckets and one new bucket streams in per time step
   (after the last bucket the stream starts over). Digits: every client holds the 10 digits in 5
   buckets of 2 (window = 4 labels), inputs with Gaussian noise (std 0.3) so that one global model
   is not already near-perfect. Mixture: 30 classes in 16-d (means N(0, 0.49 I), unit noise:
   nearest-mean accuracy 0.69 under a uniform prior); every client holds 10 of them in 5 buckets.
-* ``digits-concept-swap`` (the paper's appendix experiment, docs/fielding.md D16): static digits
+* ``digits-concept-swap`` (the paper's appendix experiment, docs/fielding/README.md D16): static digits
   with a uniform class prior; at step ``drift-step`` (default: 1/3 of the steps) half of the
   clients, picked at random, each swap two random labels A <-> B. Their label vectors do not
   change (uniform prior, exact label counts): only a loss-based representation (gradients) can

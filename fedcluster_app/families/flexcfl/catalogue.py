@@ -74,7 +74,7 @@ SCENARIOS = [(row[0], row[1], lazy_builder(f"{_PKG}.scenarios:holdings_scenario"
              for row in _SCENARIOS]
 
 
-# The FlexCFL paper's setup on Synthetic(1,1) (docs/flexcfl.md; presets/flexcfl-synthetic.toml):
+# The FlexCFL paper's setup on Synthetic(1,1) (docs/flexcfl/README.md; presets/flexcfl-synthetic.toml):
 # a round per time step, 10 local SGD epochs (lr 0.01, batches of 10, L2 0.002), m = 5 groups.
 _PAPER = {"rounds-per-step": 1, "num-clusters": 5, "optimizer": "sgd", "lr": 0.01,
           "weight-decay": 0.002, "local-steps": 0, "local-epochs": 10, "batch-size": 10}

@@ -1,11 +1,11 @@
-"""Client side of FlexCFL (docs/flexcfl.md, The algorithm: group and client cold start; D2):
+"""Client side of FlexCFL (docs/flexcfl/README.md, The algorithm: group and client cold start; D2):
 ``query.pretrain``.
 
 The server sends w0; the client runs ``pretrain-iters`` (50) mini-batch SGD steps from it on its
 current training data, with the run's batch size, optimizer and learning rate, reshuffling its
 data each time it is exhausted (the last partial batch of a pass is kept, as Keras does), and
 returns the pre-trained model under w0's id together with the label-count vector of the data it
-trained on (the reference counts of the migration test, docs/flexcfl.md D8). The server computes
+trained on (the reference counts of the migration test, docs/flexcfl/README.md D8). The server computes
 ``Delta = w_after - w0``. A client without training data returns no model.
 """
 

@@ -3,7 +3,7 @@
 "Multi-Center Federated Learning: Clients Clustering for Better Personalization", Long, Xie,
 Shen, Zhou, Wang, Jiang (FeSEM), World Wide Web 2023; first version
 https://arxiv.org/abs/2005.01026. A baseline of the FlexCFL paper (FeSEM-MIG: its Fig. 6) and,
-with ``init = "min-loss"``, of the FedRC paper (docs/fedrc.md, "The algorithm as built").
+with ``init = "min-loss"``, of the FedRC paper (docs/fedrc/README.md, "The algorithm as built").
 
 With m centres c_1..c_m, every round each selected client i joins
 k = argmin_k ||w_i - c_k||_2 (w_i its last local solution, w0 if it never trained), trains

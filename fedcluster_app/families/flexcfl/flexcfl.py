@@ -21,7 +21,7 @@ Measure", Duan et al., ISPA 2021, https://arxiv.org/abs/2010.06870.
 
 Both run under the paper's protocol (``protocol.py``: selection, accounting, scoring). Every
 round reports ``newcomers``, ``shift_cold_starts``, ``migrations`` and ``group_sizes``; the
-choices where the paper is silent: docs/flexcfl.md.
+choices where the paper is silent: docs/flexcfl/README.md.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class FlexCFL(ClusteredStrategy):
             self.n_pre = min(20 * self.m, n)   # the paper's alpha = 20, capped at N
         if self.rac and self.n_pre >= n:
             log(WARNING, "%s.rac: alpha x m = %d >= N = %d, so there is no newcomer to assign at "
-                "random (docs/flexcfl.md, D20); only migrants are", p.table, self.n_pre, n)
+                "random (docs/flexcfl/README.md, D20); only migrants are", p.table, self.n_pre, n)
         self.pretrain_iters, self.eta_g = p.pretrain_iters, p.eta_g
         self.migration = getattr(p, "migration", False) and self.MIGRATION
         self.group_init, self.cold_mode = p.group_init, p.cold_start
@@ -152,7 +152,7 @@ class FlexCFL(ClusteredStrategy):
         return out
 
     def group_cold_start(self, grid: Grid) -> None:
-        """The paper's Algorithm 3, once, as a pre-round exchange (docs/flexcfl.md, D23): EDC +
+        """The paper's Algorithm 3, once, as a pre-round exchange (docs/flexcfl/README.md, D23): EDC +
         k-means++, or MADC + complete-linkage agglomerative clustering (``measure``), or RCC
         (``rcc``)."""
         self.grouped = True
@@ -226,7 +226,7 @@ class FlexCFL(ClusteredStrategy):
         return self.nearest_group(delta)
 
     def cold_start(self, grid: Grid, cids: list[int], why: str, old: dict | None = None) -> None:
-        """Client cold start (docs/flexcfl.md, The algorithm; the paper's Eq. 8): pre-train from w0
+        """Client cold start (docs/flexcfl/README.md, The algorithm; the paper's Eq. 8): pre-train from w0
         on the current data, join the closest initial direction (RAC: a random group; the
         pre-training still runs, as in the authors' code, and gives the reference counts)."""
         for cid, (delta, counts) in self._pretrain(grid, cids).items():

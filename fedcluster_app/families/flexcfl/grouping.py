@@ -133,7 +133,7 @@ def shift_threshold(metric: str, fraction: float, n_orig: int, num_classes: int)
 
 
 def inter_group_aggregate(models: dict[int, np.ndarray], eta_g: float) -> dict[int, np.ndarray]:
-    """Inter-group aggregation in the authors' code's normalised form (docs/flexcfl.md, D6):
+    """Inter-group aggregation in the authors' code's normalised form (docs/flexcfl/README.md, D6):
     w_j = sum_l a_jl w_l / sum_l a_jl with a_jj = 1, a_jl = eta_g / ||w_l|| for l != j, norms
     from the inputs, all groups at once."""
     if eta_g == 0 or len(models) < 2:

@@ -12,7 +12,7 @@ and FedAvg), so they see the same clients in the same rounds:
   messages, evaluation excluded (the communication the paper reports);
 * scoring (``eval-model``): ``current_group`` tests every client with its group's current model,
   ``last_received`` with the model it last trained from (w0 if none), as the authors' code does
-  (docs/flexcfl.md, D13); ``score-both`` tests the same clients under both rules every evaluated
+  (docs/flexcfl/README.md, D13); ``score-both`` tests the same clients under both rules every evaluated
   round (``accuracy_<rule>``, ``weighted_accuracy_<rule>``), the run itself unchanged. Held-out
   clients never see those snapshots.
 

@@ -1,4 +1,4 @@
-"""FlexCFL's data (docs/flexcfl.md, "The algorithm" and "The small experiment"): Synthetic(a, b) of
+"""FlexCFL's data (docs/flexcfl/README.md, "The algorithm" and "The small experiment"): Synthetic(a, b) of
 the FedProx line of work, a digits-pairs variant, and the paper's client-level distribution shifts.
 
 Each scenario starts from a fixed set of per-user datasets (user ``u`` = client ``u`` at step 1)
@@ -6,19 +6,19 @@ and moves data between clients over time:
 
 * ``swap-all``: at every step from ``drift_step`` (default 2) on, a random permutation pi of the
   clients is drawn and client pi[k] is paired with pi[n-1-k]; each pair exchanges its whole data
-  (train and test) with probability ``p`` (docs/flexcfl.md, The algorithm: client-level shifts);
+  (train and test) with probability ``p`` (docs/flexcfl/README.md, The algorithm: client-level shifts);
 * ``swap-part``: the same pairs; a chosen pair (c1, c2) moves every sample of one label a in
   L1 \\ L2 from c1 to c2 and of one label b in L2 \\ L1 from c2 to c1, where Lc are the labels
   present in both the train and the test data of c; ineligible pairs are skipped
-  (docs/flexcfl.md, D11);
+  (docs/flexcfl/README.md, D11);
 * ``incremental``: each client releases 25 %, 50 %, 75 %, 100 % of its *original* training
   set (a prefix of a fixed per-client order), one more quarter every ``drift_step`` steps
-  (default 50); test sets do not change (docs/flexcfl.md, D12).
+  (default 50); test sets do not change (docs/flexcfl/README.md, D12).
 
 The time steps are the paper's rounds: run these scenarios with ``rounds-per-step = 1`` and
 ``window = 1`` (the presets do). The swap schedule is precomputed from the data seed and the
 step only (``default_rng([data_seed, 0x5A5, step])``), over all clients, so every algorithm sees
-the same shifts (docs/flexcfl.md, D11).
+the same shifts (docs/flexcfl/README.md, D11).
 
 A client's data at a step is a *holding*: a set of (user, label) blocks (plus the released
 fraction for ``incremental``). Every distinct holding is a concept id; ``concept(k, t)`` is
@@ -117,7 +117,7 @@ def _softmax_argmax(logits: np.ndarray) -> np.ndarray:
 
 def synthetic_users(alpha: float, beta: float, num_users: int, seed: int, cap: int = 0
                     ) -> list[UserData]:
-    """Synthetic(alpha, beta) exactly as docs/flexcfl.md (The algorithm: Synthetic; D17): FedProx's
+    """Synthetic(alpha, beta) exactly as docs/flexcfl/README.md (The algorithm: Synthetic; D17): FedProx's
     ``generate_synthetic.py``, non-IID.
 
     One ``np.random.RandomState(seed)`` consumed in the original order: all sizes, all u_k,
@@ -152,7 +152,7 @@ def synthetic_users(alpha: float, beta: float, num_users: int, seed: int, cap: i
 
 
 def digits_pair_users(num_users: int, seed: int, cap: int = 0) -> list[UserData]:
-    """``digits-pairs`` (docs/flexcfl.md, Scenarios): scikit-learn's 8x8 digits (64 features / 16);
+    """``digits-pairs`` (docs/flexcfl/README.md, Scenarios): scikit-learn's 8x8 digits (64 features / 16);
     user u owns classes u mod 10 and (u + 1) mod 10; each class pool is split evenly among the
     users holding it; 80/20 split."""
     from sklearn.datasets import load_digits
@@ -185,7 +185,7 @@ Holding = tuple  # ((user, label), ...) sorted, plus ("frac", f) for incremental
 
 
 def swap_pairs(num_clients: int, rng: np.random.Generator) -> list[tuple[int, int]]:
-    """pi[k] with pi[n-1-k], k < n // 2 (docs/flexcfl.md, The algorithm: client-level shifts)."""
+    """pi[k] with pi[n-1-k], k < n // 2 (docs/flexcfl/README.md, The algorithm: client-level shifts)."""
     perm = rng.permutation(num_clients)
     return [(int(perm[k]), int(perm[num_clients - 1 - k])) for k in range(num_clients // 2)]
 

@@ -12,10 +12,10 @@ After every aggregation t = 1, 2, ... of the global weights w_t (flattened):
 
 with m_0 = v_0 = r_0 = 0, the ratio v^_t / v^_{t-1} taken as 1 at t = 1 and wherever
 v^_{t-1} = 0; clients train with SGD at that lr. The one open choice is m^_0, the "previous
-mean" at t = 1 (docs/foundation.md D6):
+mean" at t = 1 (docs/foundation/README.md D6):
 
 * ``zero_start=True``: m^_0 = 0, so v_1 measures the weights themselves (the FedCCFA authors'
-  code, with beta1 0.7, beta2 0.3, beta3 0.7, eta0 0.01: docs/fedccfa.md, D20);
+  code, with beta1 0.7, beta2 0.3, beta3 0.7, eta0 0.01: docs/fedccfa/README.md, D20);
 * ``zero_start=False``: m^_0 = w_1, so v_1 = 0 and the first ratio that counts is at t = 3
   (one beta, 0.5, for all three).
 

@@ -12,7 +12,7 @@ updates of one cluster's clients, the cluster splits when
 complete-linkage clustering of the pairwise cosine similarities of their updates, and the split
 is made if sqrt((1 - alpha_cross) / 2) > gamma, alpha_cross being the largest similarity across
 the two groups. The new cluster starts as a copy of its parent's model. With eps1 = 0 the
-thresholds follow the FedDrift authors' heuristic (docs/foundation.md D3): eps1 = (largest
+thresholds follow the FedDrift authors' heuristic (docs/foundation/README.md D3): eps1 = (largest
 mean-update norm seen so far) / 10, eps2 = 6 eps1, tested only in rounds where the mean norm is
 not a new maximum.
 

@@ -10,7 +10,7 @@ Each sampled client c trains the global model w on its data; the server takes
     w <- sum_{c in S} n_c w_c / sum_{c in S} n_c.
 
 FedProx adds mu/2 ||w - w_global||^2 to every client's local loss (``prox-mu``; ``fedprox``
-uses mu = 0.01 when it is unset, docs/foundation.md D2). Under FedDrift's time-step protocol
+uses mu = 0.01 when it is unset, docs/foundation/README.md D2). Under FedDrift's time-step protocol
 the same class is the FedDrift paper's Oblivious, Window and Window-2 baselines, and under
 FlexCFL's selection its FedAvg reference.
 """

@@ -9,7 +9,7 @@ training data, trains only k^ = argmin_k L(w_k, D_c) and reports k^; then
     w_k <- sum_{c: k^_c = k} n_c w_c / sum_{c: k^_c = k} n_c      (unchanged if nobody chose k)
 
 (``weighted = False``: the unweighted mean, as the FlexCFL paper runs IFCA). The models start
-from distinct random initialisations and every client on model 0 (docs/foundation.md D1).
+from distinct random initialisations and every client on model 0 (docs/foundation/README.md D1).
 One implementation serves every protocol: ``ifca`` on plain rounds, ``ifca-w`` under
 FedDrift's time-step protocol (newest batch; round 1 trains model 0 without a choice) and
 ``flexcfl-ifca`` under FlexCFL's client selection.

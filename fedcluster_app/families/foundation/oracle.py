@@ -3,7 +3,7 @@
 No paper: the reference every clustered-FL paper compares with. At the start of every time
 step the server asks all clients for the concept of their current training data and puts each
 client on that concept's model, created when the concept first appears from the run's common
-initialisation (docs/foundation.md D4). A client whose concept is unknown keeps its model.
+initialisation (docs/foundation/README.md D4). A client whose concept is unknown keeps its model.
 The only strategy allowed to read the ground truth. One implementation serves every protocol:
 ``oracle`` on plain rounds, ``oracle-t`` / ``oracle-w`` under FedDrift's time-step protocol.
 """

@@ -11,7 +11,7 @@ from fedcluster_app.core.hparams import HParams, param
 
 @dataclass(frozen=True)
 class CFLParams(HParams):
-    """CFL's thresholds, as the FedRC paper's comparison runs it (docs/fedrc.md, D17)."""
+    """CFL's thresholds, as the FedRC paper's comparison runs it (docs/fedrc/README.md, D17)."""
 
     table = "cfl-rounds"
     eps1: float = param(0.0, "split when the mean update norm < eps1 ...; 0 = the heuristic "
