@@ -26,7 +26,8 @@ from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.models import initial_weights
-from fedcluster_app.core.server.strategy import read_checkpoint, weighted_average
+from fedcluster_app.core.server.strategy import read_checkpoint
+from fedcluster_app.core.server.updates import weighted_average
 from fedcluster_app.core.client.stream_client import StreamClient
 from fedcluster_app.engine import run_inprocess
 

@@ -30,7 +30,7 @@ def exchange(shapes, sent, returned, instruction) -> None:
     from fedcluster_app.core import codec, flower_fast
     from fedcluster_app.core import wire as P
     from fedcluster_app.core.server.messages import Task, validate_reply
-    from fedcluster_app.core.server.strategy import SentModel, weighted_average
+    from fedcluster_app.core.server.updates import SentModel, weighted_average
 
     task, dtypes = Task(models=[0] if sent else []), tuple(np.dtype(np.float32) for _ in shapes)
     with codec.by_reference():

@@ -43,8 +43,8 @@ from fedcluster_app.core.data import build_scenario, list_scenarios, scenario_na
 from fedcluster_app.core.experiment import Experiment, load_experiment
 from fedcluster_app.core.hparams import HParams, param, suggest
 from fedcluster_app.core.plugins import import_object, is_import_path
-from fedcluster_app.core.server.strategy import (ClusteredResult, ClusteredStrategy, Task,
-                                          weighted_average)
+from fedcluster_app.core.server.strategy import ClusteredResult, ClusteredStrategy, Task
+from fedcluster_app.core.server.updates import weighted_average
 from fedcluster_app.families import (UnknownStrategy, hyperparameter_tables,
                                      hyperparameter_users, list_strategies)
 

@@ -128,7 +128,7 @@ def test_update_norm_is_the_same_number_compiled():
     import math
     import sys
 
-    from fedcluster_app.core.server.strategy import SentModel, update_norm
+    from fedcluster_app.core.server.updates import SentModel, update_norm
 
     rng = np.random.default_rng(0)
     assert "fedcluster_app.core.client.compiled_mlp" in sys.modules      # imported above
@@ -156,7 +156,7 @@ def test_sent_model_norms_are_update_norms(monkeypatch):
     import math
     import sys
 
-    from fedcluster_app.core.server.strategy import SentModel, update_norm
+    from fedcluster_app.core.server.updates import SentModel, update_norm
 
     rng = np.random.default_rng(1)
     shapes = ((4, 2), (4,), (2, 4), (2,), (3,))

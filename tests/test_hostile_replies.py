@@ -295,7 +295,7 @@ def test_the_median_of_equal_weights_is_numpys_median():
     """weighted_median's sort for equal weights gives np.median's number to the last bit (odd
     and even counts, ties, norms from 1e-5 to 1e5); unequal weights and non-finite values
     take the weighted path."""
-    from fedcluster_app.core.server.strategy import weighted_median
+    from fedcluster_app.core.server.updates import weighted_median
 
     rng = np.random.default_rng(0)
     for k in range(3000):

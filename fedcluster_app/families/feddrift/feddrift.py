@@ -34,7 +34,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.server.strategy import Task, weighted_average
+from fedcluster_app.core.server.strategy import Task
+from fedcluster_app.core.server.updates import weighted_average
 from fedcluster_app.families.feddrift import catalogue
 from fedcluster_app.families.feddrift.protocol import TimeStepProtocol, TimeStepStrategy
 from fedcluster_app.families.feddrift.wire import (

@@ -20,13 +20,8 @@ import numpy as np
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
-from fedcluster_app.core.server.strategy import (
-    ClusteredStrategy,
-    RejectedReply,
-    Reply,
-    Task,
-    weighted_average,
-)
+from fedcluster_app.core.server.strategy import ClusteredStrategy, RejectedReply, Reply, Task
+from fedcluster_app.core.server.updates import weighted_average
 from fedcluster_app.families.fedrc import catalogue
 from fedcluster_app.families.fedrc import wire as C
 

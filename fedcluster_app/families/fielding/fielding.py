@@ -54,12 +54,8 @@ from flwr.serverapp import Grid
 
 from fedcluster_app.core.config import ConfigError, TrainConfig
 from fedcluster_app.core.models import SPLIT_CONTRACT, build_model, get_weights
-from fedcluster_app.core.server.strategy import (
-    ClusteredStrategy,
-    Reply,
-    Task,
-    weighted_average,
-)
+from fedcluster_app.core.server.strategy import ClusteredStrategy, Reply, Task
+from fedcluster_app.core.server.updates import weighted_average
 from fedcluster_app.core.training import as_tensor, local_train
 from fedcluster_app.families.fielding import catalogue
 from fedcluster_app.families.fielding import wire as fc
