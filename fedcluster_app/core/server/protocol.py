@@ -44,13 +44,16 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.server.messages import Reply, Task
+
+if TYPE_CHECKING:   # the strategy module imports the protocols: its type only, no import
+    from fedcluster_app.core.server.strategy import ClusteredStrategy
 
 
 class Protocol:
@@ -63,16 +66,18 @@ class Protocol:
 
     def __init__(self) -> None:
         # the ClusteredStrategy it serves (not imported here: the strategy imports protocols)
-        self.strategy: Any = None
+        self.strategy: ClusteredStrategy | None = None
         self.eval_clients: list[int] = []    # the clients the last evaluation sampled
         self._scoring_only = 0               # > 0: inside exchanges made only to score
 
-    def bind(self, strategy: Any) -> None:
+    def bind(self, strategy: ClusteredStrategy) -> None:
         """Called once by the strategy that runs under this protocol."""
         self.strategy = strategy
 
     @property
-    def s(self) -> Any:
+    def s(self) -> ClusteredStrategy:
+        """The strategy, as the base declares it: every hook a protocol calls is declared on
+        :class:`ClusteredStrategy` with its default (no ``getattr`` for optional ones)."""
         assert self.strategy is not None, "protocol not bound to a strategy"
         return self.strategy
 

@@ -146,6 +146,9 @@ class ClusteredStrategy(Strategy):
     #: its clients split the model into the feature extractor and the classifier
     #: (``models.split_model``): a model without the two parts is refused before round 1
     needs_split_model: ClassVar[bool] = False
+    #: under a time-step protocol, a client's past batches move with it to a new cluster
+    #: (CFL-W); by default they stay with the cluster they were trained into
+    history_follows_client: ClassVar[bool] = False
 
     def __init__(self, experiment: Experiment) -> None:
         self.exp = experiment
@@ -338,6 +341,17 @@ class ClusteredStrategy(Strategy):
         """How a held-out client is scored: every model goes down and the client predicts with
         the one of lowest loss on its adaptation split; None = not scored."""
         return Task.min_loss(sorted(self.models))
+
+    def step_eval_tasks(self, tau: int) -> tuple[str, dict[int, Task]] | None:
+        """Under a time-step protocol: how clients are scored at step ``tau`` when the strategy
+        has its own rule (the message kind and every client's task: AUE's and KUE's weighted
+        votes); None = each client's model of step ``tau``, the protocol's default."""
+        return None
+
+    def common_init_model(self) -> int | None:
+        """The registry id of the run's common initial model w0 where the strategy keeps it
+        (FlexCFL); None = the protocol adds it when it needs it (a never-trained client)."""
+        return None
 
     def check_reply(self, kind: str, reply: Reply) -> None:
         """Strategy-specific checks of a reply that passed the generic ones; raise

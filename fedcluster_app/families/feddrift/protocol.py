@@ -188,7 +188,7 @@ class TimeStepProtocol(Protocol):
         """TRAIN(t): each client trains every active model it has data attached to."""
         active = self.active_models(step)
         steps = self.train_steps(step)
-        follows = getattr(self.s, "history_follows_client", False)
+        follows = self.s.history_follows_client
         tasks = {}
         for cid in sorted(self.s.clients):
             models, config = [], {P.STEP: step}
@@ -265,9 +265,9 @@ class TimeStepProtocol(Protocol):
         (the models, the vote), without the data to test on. A strategy with its own rule says
         so with ``step_eval_tasks(tau)`` (AUE's and KUE's ensembles); by default each client's
         model of step ``tau`` (its identity W[tau, c])."""
-        own = getattr(self.s, "step_eval_tasks", None)
+        own = self.s.step_eval_tasks(tau)
         if own is not None:
-            return own(tau)
+            return own
         tasks = {}
         for cid in sorted(self.s.clients):
             m = self.inference_model(cid, tau)
@@ -286,8 +286,7 @@ class TimeStepProtocol(Protocol):
     def evaluate(self, grid: Grid, step: int) -> dict[str, Any]:
         rec: dict[str, Any] = {"accuracy": None}
         if self.scheduled(self.s.round):
-            evaluate = getattr(self.s, "evaluate_step", None) or self.evaluate_step
-            accs = evaluate(grid, step)
+            accs = self.evaluate_step(grid, step)
             self.step_acc[step] = accs
             rec = self.step_metrics(step, accs)
             self.step_log.append({"step": step, **{k: v for k, v in rec.items()

@@ -101,6 +101,9 @@ class FlexCFL(ClusteredStrategy):
         self._shifted: list[int] = []
 
     # -- set-up
+    def common_init_model(self) -> int | None:
+        return self.w0_id
+
     def on_start(self) -> None:
         # group models first (ids 0..m-1, so m = 1 trains model 0 as fedavg does), then w0
         w0 = self.initial_weights()

@@ -137,7 +137,7 @@ class PaperProtocol(Protocol):
 
     def w0_model_id(self) -> int:
         """w0 (the run's common initial model), what a never-trained client holds."""
-        own = getattr(self.s, "w0_id", None)        # FlexCFL keeps w0 in its registry anyway
+        own = self.s.common_init_model()           # FlexCFL keeps w0 in its registry anyway
         if own is not None:
             return own
         if self.eval_w0_id is None or self.eval_w0_id not in self.s.models:
