@@ -15,7 +15,8 @@ from fedcluster_app.core.config import ConfigError, default_run_config, merge_ov
 from fedcluster_app.core.data import build_scenario
 from fedcluster_app.core.data.drift import swap_permutation
 from fedcluster_app.core.experiment import load_experiment
-from fedcluster_app.core.server.strategy import ClientRecord, Reply
+from fedcluster_app.core.server.nodes import ClientRecord
+from fedcluster_app.core.server.strategy import Reply
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.families.fedccfa import client as CC
 from fedcluster_app.families.fedccfa import wire as CW

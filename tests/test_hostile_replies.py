@@ -257,7 +257,8 @@ def _bounding(soft_weights: dict[int, float] | None, norms: dict[int, float], bo
     from types import SimpleNamespace
 
     from fedcluster_app.core.server.messages import Reply
-    from fedcluster_app.core.server.strategy import ClientRecord, ClusteredStrategy
+    from fedcluster_app.core.server.nodes import ClientRecord
+    from fedcluster_app.core.server.strategy import ClusteredStrategy
 
     fake = SimpleNamespace(cfg=SimpleNamespace(update_norm_bound=bound), round=1,
                            models={0: [np.zeros(4)]}, _round_stats={"bounded_updates": 0},

@@ -92,6 +92,7 @@ from fedcluster_app.core.models import (
     weight_dtypes,
     weight_shapes,
 )
+from fedcluster_app.core.server.nodes import ClientRecord, NodeDirectory
 from fedcluster_app.core.server.protocol import Protocol
 from fedcluster_app.core.results import (
     RunRecorder,
@@ -108,17 +109,6 @@ Weights = list[np.ndarray]
 __all__ = ["CHECKPOINT_FILE", "ClientRecord", "ClusteredResult", "ClusteredStrategy",
            "RejectedReply", "Reply", "Task", "Weights", "read_checkpoint", "weighted_average",
            "write_checkpoint"]
-
-
-@dataclass
-class ClientRecord:
-    cid: int
-    node_id: int | None = None
-    cluster: int | None = None               # hard assignment: a model id
-    soft: dict[int, float] | None = None     # soft assignment: model id -> weight
-    num_examples: int = 0
-    last_round: int = 0                      # last round this client answered
-    failures: int = 0
 
 
 @dataclass
@@ -163,13 +153,10 @@ class ClusteredStrategy(Strategy):
         self.clients: dict[int, ClientRecord] = {}
         self.round = 0
         self.step: int | None = None                 # the step of the round under way
-        self._node_to_cid: dict[int, int] = {}
-        self._unidentifiable: set[int] = set()      # nodes without a usable client-id
-        self._node_errors: dict[int, str] = {}      # nodes not admitted: why (last error)
+        self.nodes = NodeDirectory(self)             # which node holds which client id
         self._untrained_rounds: list[int] = []      # rounds whose training got no usable reply
         self._unevaluated_rounds: list[int] = []    # evaluated rounds without a usable score
         self._pending_states: dict[int, bytes] = {}  # resumed: clients' checkpointed state
-        self._refused_duplicates: set[int] = set()  # nodes claiming a client id held by a live node
         self._truth: dict[int, dict[int, int]] = {}  # cid -> step -> concept (metrics, Oracle)
         self._round_stats = self._fresh_stats()
         self._shapes = weight_shapes(experiment.spec)
@@ -576,91 +563,12 @@ class ClusteredStrategy(Strategy):
 
     # ------------------------------------------------------------------ clients
     def discover(self, grid: Grid) -> list[int]:
-        """Ask nodes we have not seen for their logical id; returns newly known client ids."""
-        unknown = [n for n in grid.get_node_ids()
-                   if n not in self._node_to_cid and n not in self._unidentifiable]
-        if not unknown:
-            return []
-        step = self.protocol.time_step(max(self.round, 1))
-        messages = [
-            Message(content=codec.build_content(config={P.ROUND: self.round, P.STEP: step}),
-                    dst_node_id=n, message_type=P.QUERY_INFO, group_id="discover")
-            for n in unknown
-        ]
-        new, mapped = [], []
-        for msg in grid.send_and_receive(messages, timeout=self.round_timeout):
-            node = msg.metadata.src_node_id
-            if msg.has_error():   # e.g. its data failed to load: asked again next round
-                if node not in self._node_errors:
-                    log(ERROR, "node %d could not answer the discovery query: %s (asked again "
-                        "every round)", node, msg.error.reason)
-                self._node_errors[node] = msg.error.reason
-                continue
-            try:
-                cid, num_examples = self._identify(msg)
-            except RejectedReply as ex:
-                log(ERROR, "node %d refused: %s", node, ex)
-                self._unidentifiable.add(node)
-                self._node_errors[node] = f"refused: {ex}"
-                continue
-            self._node_errors.pop(node, None)
-            rec = self.clients.get(cid)
-            if rec is not None and rec.node_id not in (None, node) and self._holder_alive(rec):
-                if node not in self._refused_duplicates:
-                    log(ERROR, "node %d refused: client id %d is already held by node %d, which is "
-                        "still answering", node, cid, rec.node_id)
-                    self._refused_duplicates.add(node)
-                continue
-            if rec is not None and rec.node_id not in (None, node):
-                log(INFO, "client %d is back on node %d (was node %d); it keeps cluster %s",
-                    cid, node, rec.node_id, rec.cluster)
-                self._node_to_cid.pop(rec.node_id, None)
-            self._node_to_cid[node] = cid
-            mapped.append(cid)
-            if rec is None:
-                rec = self.clients[cid] = ClientRecord(cid)
-                new.append(cid)
-            rec.node_id = node
-            rec.num_examples = num_examples
-        if self._pending_states:
-            self._restore_states(grid, mapped)
-        return sorted(new)
-
-    def _identify(self, msg: Message) -> tuple[int, int]:
-        """(client id, num-examples) of a discovery reply; RejectedReply when it has no usable
-        client id (none, not an integer, or outside the scenario's clients)."""
-        try:
-            records = flower_fast.records_of(msg.content, MetricRecord)
-            if P.METRICS not in records:
-                raise RejectedReply("its reply has no metrics record")
-            metrics = check_metrics(dict(records[P.METRICS]), self.max_examples)
-        except RejectedReply as ex:
-            raise RejectedReply(f"it could not identify itself ({ex})") from None
-        except Exception as ex:   # anything a hostile reply makes decoding raise
-            raise RejectedReply(f"it could not identify itself (malformed reply: "
-                                f"{type(ex).__name__}: {ex})") from None
-        if P.CLIENT_ID not in metrics:
-            raise RejectedReply("it sent no client id; set the node-config key client-id")
-        cid, population = metrics[P.CLIENT_ID], self.exp.scenario.num_clients
-        if not 0 <= cid < population:
-            raise RejectedReply(f"client id {cid} is outside this scenario's clients "
-                                f"0..{population - 1}")
-        return cid, int(metrics.get(P.NUM_EXAMPLES, 0))
-
-    def _holder_alive(self, rec: ClientRecord) -> bool:
-        """A node holding a client id counts as alive while it has not missed a round."""
-        return rec.last_round >= self.round - 1 and rec.cid not in self._round_stats["failed_clients"]
+        """Ask nodes not seen yet for their logical id (``nodes.NodeDirectory``); returns the
+        newly known client ids."""
+        return self.nodes.discover(grid)
 
     def wait_for_nodes(self, grid: Grid) -> None:
-        wanted = self.cfg.min_nodes or self.exp.scenario.num_clients
-        deadline = time.monotonic() + self.cfg.node_wait_s
-        while len(list(grid.get_node_ids())) < wanted and time.monotonic() < deadline:
-            time.sleep(0.2)
-        found = len(list(grid.get_node_ids()))
-        if found < wanted:
-            log(WARNING, "only %d of %d nodes connected after %.0f s; starting with them "
-                "(in simulation set num-supernodes=%d; `fedcluster run` does this for you)",
-                found, wanted, self.cfg.node_wait_s, wanted)
+        self.nodes.wait_for(grid)
 
     # ------------------------------------------------------------------ Flower Strategy API
     def configure_train(self, server_round, arrays, config, grid) -> Iterable[Message]:
@@ -818,7 +726,7 @@ class ClusteredStrategy(Strategy):
         """The status of a run that got to its end: "failed" when no client was ever admitted,
         "degraded" when a round planned training and no reply to it was usable."""
         if not self.clients:
-            errors = "; ".join(f"node {n}: {e}" for n, e in sorted(self._node_errors.items())[:3])
+            errors = "; ".join(f"node {n}: {e}" for n, e in sorted(self.nodes.errors.items())[:3])
             return "failed", ("no client was ever admitted" + (f" ({errors})" if errors else
                                                                " (no node answered discovery)"))
         reasons = []
