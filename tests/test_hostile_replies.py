@@ -256,19 +256,18 @@ def _bounding(soft_weights: dict[int, float] | None, norms: dict[int, float], bo
     the given norms; the clients' soft weights on it, or None for a hard assignment."""
     from types import SimpleNamespace
 
+    from fedcluster_app.core.server.courier import Courier
     from fedcluster_app.core.server.messages import Reply
     from fedcluster_app.core.server.nodes import ClientRecord
-    from fedcluster_app.core.server.strategy import ClusteredStrategy
 
     fake = SimpleNamespace(cfg=SimpleNamespace(update_norm_bound=bound), round=1,
                            models={0: [np.zeros(4)]}, _round_stats={"bounded_updates": 0},
                            clients={c: ClientRecord(cid=c) for c in norms})
     for c, rec in fake.clients.items():
         rec.soft = {0: soft_weights[c]} if soft_weights else None
-    fake._membership = lambda cid, mid: ClusteredStrategy._membership(fake, cid, mid)
     replies = [Reply(cid=c, metrics={}, models={0: [np.full(4, n / 2.0)]})
                for c, n in sorted(norms.items())]
-    ClusteredStrategy._bound_updates(fake, replies, {(c, 0): n for c, n in norms.items()})
+    Courier(fake).bound_updates(replies, {(c, 0): n for c, n in norms.items()})
     return {r.cid: float(np.linalg.norm(r.models[0][0])) for r in replies}
 
 

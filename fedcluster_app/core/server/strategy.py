@@ -54,16 +54,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedcluster_app.core import codec
-from fedcluster_app.core import flower_fast
 from fedcluster_app.core import wire as P
-from fedcluster_app.core.server.updates import (
-    MAX_UPDATE_SCALE,
-    SentModel,
-    scale_update,
-    update_norm,
-    weighted_average,
-    weighted_median,
-)
+from fedcluster_app.core.server.updates import weighted_average
 from fedcluster_app.core.server.checkpoint import (
     CHECKPOINT_FILE,
     check_same_run,
@@ -81,7 +73,6 @@ from fedcluster_app.core.server.messages import (
     RejectedReply,
     Reply,
     Task,
-    check_metrics,
     validate_reply,
 )
 from fedcluster_app.core.models import (
@@ -92,6 +83,7 @@ from fedcluster_app.core.models import (
     weight_dtypes,
     weight_shapes,
 )
+from fedcluster_app.core.server.courier import Courier
 from fedcluster_app.core.server.nodes import ClientRecord, NodeDirectory
 from fedcluster_app.core.server.protocol import Protocol
 from fedcluster_app.core.results import (
@@ -154,6 +146,7 @@ class ClusteredStrategy(Strategy):
         self.round = 0
         self.step: int | None = None                 # the step of the round under way
         self.nodes = NodeDirectory(self)             # which node holds which client id
+        self.courier = Courier(self)                 # messages out, replies checked and bounded
         self._untrained_rounds: list[int] = []      # rounds whose training got no usable reply
         self._unevaluated_rounds: list[int] = []    # evaluated rounds without a usable score
         self._pending_states: dict[int, bytes] = {}  # resumed: clients' checkpointed state
@@ -423,143 +416,9 @@ class ClusteredStrategy(Strategy):
 
     # ------------------------------------------------------------------ messaging
     def exchange(self, grid: Grid, kind: str, tasks: dict[int, Task]) -> list[Reply]:
-        """Send one message per task, wait, validate; failures are logged and counted."""
-        wire_kind = self.protocol.message_kind(kind)
-        self.protocol.prepare(kind, tasks)
-        step = self.step if self.step is not None else self.protocol.time_step(max(self.round, 1))
-        extra = self._extra_config.get(kind, {})
-        messages, sent, packed = [], {}, {}
-        for cid, task in sorted(tasks.items()):
-            node = self.clients[cid].node_id
-            if node is None:
-                continue
-            config = {P.ROUND: self.round, P.STEP: step, **extra, **task.config}
-            if task.train_ids is not None:
-                config[P.TRAIN_IDS] = list(task.train_ids)
-            if task.personal:
-                config[P.PERSONAL] = True
-            for m in task.models:
-                if m not in packed:
-                    record = codec.pack_message_arrays(self.models[m])
-                    packed[m] = record, codec.record_nbytes(record)
-            content = codec.build_content({m: packed[m][0] for m in task.models}, config)
-            # the instruction's arrays are its models': counted once per model and exchange
-            self._round_stats["bytes_down"] += sum(packed[m][1] for m in task.models)
-            messages.append(flower_fast.instruction(content, node, wire_kind, str(self.round)))
-            sent[node] = (cid, task)
-        replies = (list(grid.send_and_receive(messages, timeout=self.round_timeout))
-                   if messages else [])
-        out, answered = [], set()
-        norms: dict[tuple[int, int], float] = {}   # (client, model) -> update norm
-        sent_models: dict[int, SentModel] = {}     # model -> its scale and arrays, once
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            cid, task = sent.get(node, (None, None))
-            if cid is None:
-                continue
-            answered.add(node)
-            try:
-                reply = validate_reply(msg, cid, task, self._shapes, self._dtypes,
-                                       self.max_examples)
-                self._record_truth(reply)
-                norms.update(self._check_scale(reply, sent_models))
-                self.check_reply(wire_kind, reply)
-            except RejectedReply as ex:
-                self._fail(cid, f"{wire_kind} reply rejected: {ex}")
-                continue
-            except Exception as ex:   # a strategy's own check tripped on a hostile reply
-                self._fail(cid, f"{wire_kind} reply rejected: {type(ex).__name__}: {ex}")
-                continue
-            self._round_stats["bytes_up"] += codec.nbytes(msg.content)
-            self.clients[cid].last_round = self.round
-            out.append(reply)
-        for node, (cid, _) in sent.items():
-            if node not in answered:
-                self._fail(cid, f"no {wire_kind} reply within {self.round_timeout:.0f} s")
-        out = sorted(out, key=lambda r: r.cid)  # order fixed: aggregation sums are reproducible
-        self._bound_updates(out, norms)
-        if not self.protocol.in_scoring_only:   # score-next-step's own exchanges: not accounted
-            self.protocol.on_exchange(kind, tasks, out)
-        return out
-
-    def _check_scale(self, reply: Reply, sent: dict[int, SentModel]
-                     ) -> dict[tuple[int, int], float]:
-        """The update norm of every model the reply returns, by (client, model); RejectedReply
-        for one out of all proportion to the model it started from: a root-mean-square change
-        per weight above MAX_UPDATE_SCALE x the model's own (at least 1) is no training step
-        (1e30 weights), whoever else answered. This also holds for a model only one or two
-        clients train, where update-norm-bound has no median to measure against. ``sent``
-        caches what the check needs of each model for the exchange."""
-        norms = {}
-        for mid, weights in reply.models.items():
-            if mid in self.models:
-                model = sent.get(mid)
-                if model is None:
-                    model = sent[mid] = SentModel(self.models[mid], self._shapes, self._dtypes)
-                norm = norms[reply.cid, mid] = model.update_norm(weights)
-                change, scale = norm / model.size, model.scale
-                if change > MAX_UPDATE_SCALE * scale:
-                    raise RejectedReply(f"model {mid}: a change of {change:.3g} per weight, "
-                                        f"{change / scale:.3g}x the model's scale (at most "
-                                        f"{MAX_UPDATE_SCALE:g}x)")
-        return norms
-
-    def _bound_updates(self, replies: list[Reply], norms: dict[tuple[int, int], float]) -> None:
-        """Scale down every returned model whose update (returned - sent) is longer than
-        ``update-norm-bound`` x the median update of the same model in this exchange: one
-        client cannot drag a model far (a scaled or huge update), while its honest co-members,
-        doing the same local work from the same model, stay inside the bound. Per model, since
-        a fresh model moves much further than a converged one; it needs 3 updates of that model
-        for a median that one attacker cannot set. Under a soft assignment the median is
-        weighted by each client's weight on the model: a client that hardly belongs to a model
-        returns it hardly changed, and an unweighted median of those would bound the model's
-        own members (FedRC with K = 6 lost 0.11 of its accuracy so). ``norms``: as
-        _check_scale measured them."""
-        bound = self.cfg.update_norm_bound
-        if bound <= 0:
-            return
-        by_model: dict[int, dict[int, float]] = {}   # model id -> reply index -> update norm
-        for i, r in enumerate(replies):
-            for mid in r.models:
-                if mid in self.models:
-                    by_model.setdefault(mid, {})[i] = norms[r.cid, mid]
-        for mid, by_reply in by_model.items():
-            if len(by_reply) < 3:
-                continue
-            median = weighted_median(list(by_reply.values()),
-                                     [self._membership(replies[i].cid, mid) for i in by_reply])
-            if median <= 0:
-                continue
-            for i, norm in by_reply.items():
-                if norm > bound * median:
-                    reply = replies[i]
-                    reply.models[mid] = scale_update(reply.models[mid], self.models[mid],
-                                                     bound * median / norm)
-                    self._round_stats["bounded_updates"] += 1
-                    log(WARNING, "round %d: client %d: update of model %d has norm %.3g, %.0fx "
-                        "the median; scaled down to %.3g (update-norm-bound)", self.round,
-                        reply.cid, mid, norm, norm / median, bound * median)
-
-    def _membership(self, cid: int, mid: int) -> float:
-        """The client's weight on a model it returned: its soft weight under a soft assignment
-        (the weight it trained with), else 1."""
-        rec = self.clients.get(cid)
-        soft = rec.soft if rec is not None else None
-        return float(soft.get(mid, 0.0)) if soft else 1.0
-
-    def _record_truth(self, reply: Reply) -> None:
-        """Keep the reported concept for metrics (and the Oracle); hide it from the others."""
-        metrics = reply.metrics
-        if P.CONCEPT in metrics and P.STEP in metrics:
-            self._truth.setdefault(reply.cid, {})[int(metrics[P.STEP])] = int(metrics[P.CONCEPT])
-        if not self.uses_ground_truth:
-            metrics.pop(P.CONCEPT, None)
-
-    def _fail(self, cid: int, reason: str) -> None:
-        self.clients[cid].failures += 1
-        self._round_stats["failures"] += 1
-        self._round_stats["failed_clients"].append(cid)
-        log(WARNING, "round %d: client %d: %s", self.round, cid, reason)
+        """Send one message per task, wait, validate (``courier.Courier``); failures are logged
+        and counted."""
+        return self.courier.exchange(grid, kind, tasks)
 
     # ------------------------------------------------------------------ clients
     def discover(self, grid: Grid) -> list[int]:

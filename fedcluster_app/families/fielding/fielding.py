@@ -211,7 +211,7 @@ class Fielding(ClusteredStrategy):
             try:
                 vec = self.check(r.metrics.get(fc.REP))
             except ValueError as ex:
-                self._fail(cid, f"representation rejected: {ex}; keeps its assignment")
+                self.courier.fail(cid, f"representation rejected: {ex}; keeps its assignment")
                 self.events.setdefault("fielding_rejected", []).append([cid, str(ex)])
                 continue
             nbytes += 4 * len(vec)
