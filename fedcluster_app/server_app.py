@@ -72,6 +72,7 @@ def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:
 
         out = Path(summary["out_dir"])
         path = export_run(out, out / "export", overwrite=True)   # this run's own export
+        tracking.log_export(summary, out / "export")
         log(INFO, "exported the cluster models: %s", path)
     return summary
 

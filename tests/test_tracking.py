@@ -243,3 +243,15 @@ def test_a_server_that_is_not_mlflow_refuses_the_run_before_round_1(fast_config)
         server.shutdown()
         server.server_close()
     assert not Path(cfg["out-dir"]).exists()          # nothing written
+
+
+def test_an_exported_run_logs_its_models_as_mlflow_artefacts(fast_config):
+    """export = true: the exported models and manifest join the run's MLflow artefacts."""
+    cfg = fast_config(**{"num-steps": 2, "tracking": "mlflow", "export": True})
+    summary = run_inprocess(cfg)
+    out = Path(cfg["out-dir"])
+    client = mlflow_client(out)
+    logged = {a.path for a in client.list_artifacts(summary["tracking"]["mlflow_run_id"],
+                                                    "export")}
+    assert "export/manifest.json" in logged and "export/models" in logged
+    assert (out / "export" / "manifest.json").is_file()

@@ -285,3 +285,16 @@ class MLflowTracker(Tracker):
 
     def where(self) -> dict[str, str]:
         return {"mlflow_uri": self.uri, **({"mlflow_run_id": self.run_id} if self.run_id else {})}
+
+
+def log_export(summary: Mapping[str, Any], export_dir: Path) -> None:
+    """Add a run's export (``export = true``) to its MLflow run's artefacts, under ``export/``.
+    The export is written after the run's trackers have finished (it rebuilds the strategy from
+    the final checkpoint), so it is added to the finished run here; nothing without MLflow."""
+    where = summary.get("tracking") or {}
+    if "mlflow_run_id" not in where:
+        return
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=where["mlflow_uri"]).log_artifacts(
+        where["mlflow_run_id"], str(export_dir), artifact_path="export")
