@@ -23,7 +23,8 @@ from pathlib import Path
 
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
-from fedcluster_app.launcher import _bin, connection_env, flwr_env, free_port, wait_port
+from fedcluster_app.launcher import (_bin, connection_env, flwr_env, free_port, process_tree,
+                                    wait_port)
 
 STATE_FILE = "deployment.json"
 # A SuperNode that dies without signing off (SIGKILL, power loss) stays "online" at the SuperLink
@@ -288,6 +289,11 @@ class LocalDeployment:
         ``crash``: SIGKILL at once, as a server machine that loses power."""
         pid = self.pids.pop("superlink", None)
         if pid and crash:
+            # every process it started dies with it, whatever session Flower put them in (the
+            # ServerApp of a run holds its run directory's lock, as on a machine that lost power)
+            for member in [pid, *process_tree(pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(member, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         elif pid:

@@ -328,6 +328,11 @@ class ClusteredStrategy(Strategy):
         votes); None = each client's model of step ``tau``, the protocol's default."""
         return None
 
+    def evaluate_step(self, grid: Grid, tau: int) -> dict[int, float] | None:
+        """Under a time-step protocol: the strategy's own score of every client at step ``tau``
+        (client -> accuracy); None = the protocol's (``step_eval_tasks`` on step tau + 1)."""
+        return None
+
     def common_init_model(self) -> int | None:
         """The registry id of the run's common initial model w0 where the strategy keeps it
         (FlexCFL); None = the protocol adds it when it needs it (a never-trained client)."""

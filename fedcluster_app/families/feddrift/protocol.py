@@ -97,8 +97,9 @@ class TimeStepProtocol(Protocol):
             raise ConfigError(
                 f"{strategy.name} needs at least 2 time steps (the last one is test-only), "
                 f"scenario {sc.name!r} has {sc.num_steps}")
-        if (strategy.cfg.score_next_step and hasattr(strategy, "evaluate_step")
-                and not hasattr(strategy, "step_eval_tasks")):
+        own = type(strategy)
+        if (strategy.cfg.score_next_step and own.evaluate_step is not ClusteredStrategy.evaluate_step
+                and own.step_eval_tasks is ClusteredStrategy.step_eval_tasks):
             raise ConfigError(
                 f"score-next-step: {strategy.name} scores its clients with its own evaluate_step, "
                 f"which the common rule cannot point at another step's test split; give it "
@@ -286,7 +287,9 @@ class TimeStepProtocol(Protocol):
     def evaluate(self, grid: Grid, step: int) -> dict[str, Any]:
         rec: dict[str, Any] = {"accuracy": None}
         if self.scheduled(self.s.round):
-            accs = self.evaluate_step(grid, step)
+            accs = self.s.evaluate_step(grid, step)
+            if accs is None:
+                accs = self.evaluate_step(grid, step)
             self.step_acc[step] = accs
             rec = self.step_metrics(step, accs)
             self.step_log.append({"step": step, **{k: v for k, v in rec.items()
