@@ -365,12 +365,7 @@ def read_raw(spec: str, read: ReadOptions | None = None, seed: int = 0
     predict for."""
     kind, ref = parse_dataset_spec(spec)
     if kind == "npz" and os.path.exists(ref):
-        try:
-            with np.load(ref, allow_pickle=False) as f:
-                arrays = {k: f[k] for k in f.files}
-        except Exception as exc:
-            raise ValueError(f"{spec}: cannot read it as a .npz file ({type(exc).__name__}: "
-                             f"{exc}); expected arrays x (and y)") from None
+        arrays = _load_npz(ref, spec, "arrays x (and y)")
         if "x" not in arrays:
             raise ValueError(f"{spec}: has arrays {sorted(arrays)}, missing x")
         return _inputs(arrays["x"], spec, "x"), arrays.get("y")
@@ -410,14 +405,19 @@ _EXPECTED = {
 }
 
 
-def _read_npz(path: str):
-    where = f"{KEY} npz:{path}"
+def _load_npz(path: str, where: str, expected: str) -> dict[str, np.ndarray]:
+    """Every array of a .npz file (no pickles); a ValueError naming ``where`` if it is none."""
     try:
         with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
+            return {k: f[k] for k in f.files}
     except Exception as exc:
         raise ValueError(f"{where}: cannot read it as a .npz file ({type(exc).__name__}: {exc}); "
-                         f"expected {_EXPECTED['npz']}") from exc
+                         f"expected {expected}") from None
+
+
+def _read_npz(path: str):
+    where = f"{KEY} npz:{path}"
+    arrays = _load_npz(path, where, _EXPECTED["npz"])
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing:
         raise ValueError(f"{where}: has arrays {sorted(arrays)}, missing {missing}; expected "
