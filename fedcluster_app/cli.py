@@ -265,7 +265,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedcluster_app.api import check_tables_read, run_config_defaults
     from fedcluster_app.core.experiment import load_experiment
     from fedcluster_app.core.run_lock import check_unlocked, run_lock, wait_unlocked
-    from fedcluster_app.core.server.strategy import mark_interrupted, resolve_out_dir
+    from fedcluster_app.core.server.runner import mark_interrupted, resolve_out_dir
     from fedcluster_app.server_app import prepare
 
     if args.ray_address and args.engine != "ray":

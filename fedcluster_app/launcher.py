@@ -400,7 +400,7 @@ def run_summary(out_dir: Path, before: bytes | None, completed: bool) -> dict | 
 
 
 def _out_dir(run_config: dict[str, ConfigValue]) -> Path:
-    from fedcluster_app.core.server.strategy import resolve_out_dir   # torch: only when running
+    from fedcluster_app.core.server.runner import resolve_out_dir   # torch: only when running
 
     return resolve_out_dir(run_config)
 

@@ -13,7 +13,8 @@ from fedcluster_app.api import build_strategy
 from fedcluster_app.core.config import ConfigValue
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import read_summary, tracking
-from fedcluster_app.core.server.strategy import ClusteredStrategy, resolve_out_dir
+from fedcluster_app.core.server.runner import resolve_out_dir
+from fedcluster_app.core.server.strategy import ClusteredStrategy
 
 app = ServerApp()
 

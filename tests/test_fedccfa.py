@@ -206,7 +206,7 @@ def test_server_clusters_per_class_and_averages_rows_and_anchors(tmp_path):
         s.clients[cid] = ClientRecord(cid)
     s.on_start()
     s.round = 3
-    (num_classes, d) = s._shapes[-2]
+    (num_classes, d) = s.shapes[-2]
     rng = np.random.default_rng(0)
     base_a, base_b = rng.normal(size=d + 1), rng.normal(size=d + 1)
     replies, extras = [], {}
@@ -439,7 +439,7 @@ def test_global_anchor_variant_sends_one_mean_anchor_per_class(tmp_path):
         s.clients[cid] = ClientRecord(cid)
     s.on_start()
     s.round = 2
-    num_classes, d = s._shapes[-2]
+    num_classes, d = s.shapes[-2]
     rng = np.random.default_rng(3)
     extras, replies = {}, []
     for cid in range(4):

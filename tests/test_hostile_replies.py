@@ -259,9 +259,10 @@ def _bounding(soft_weights: dict[int, float] | None, norms: dict[int, float], bo
     from fedcluster_app.core.server.courier import Courier
     from fedcluster_app.core.server.messages import Reply
     from fedcluster_app.core.server.nodes import ClientRecord
+    from fedcluster_app.core.server.runner import RoundStats
 
     fake = SimpleNamespace(cfg=SimpleNamespace(update_norm_bound=bound), round=1,
-                           models={0: [np.zeros(4)]}, _round_stats={"bounded_updates": 0},
+                           models={0: [np.zeros(4)]}, round_stats=RoundStats(),
                            clients={c: ClientRecord(cid=c) for c in norms})
     for c, rec in fake.clients.items():
         rec.soft = {0: soft_weights[c]} if soft_weights else None

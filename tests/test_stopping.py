@@ -152,7 +152,7 @@ def test_a_lock_left_by_a_dead_holder_is_not_stale(tmp_path, fast_config):
 
 # ----------------------------------------------------------------- checkpoints, a full disk
 def test_the_default_checkpoints_by_time_and_checkpoint_every_s_sets_it(fast_config, monkeypatch):
-    import fedcluster_app.core.server.strategy as S
+    import fedcluster_app.core.server.checkpoint as S
     from fedcluster_app.core.config import default_run_config
     from fedcluster_app.engine import run_inprocess
 
@@ -238,7 +238,7 @@ def _interrupted_run(fast_config, tmp_path, monkeypatch) -> Path:
     killed after round 12's line, its last checkpoint of round 6."""
     import shutil
 
-    import fedcluster_app.core.server.strategy as S
+    import fedcluster_app.core.server.checkpoint as S
     from fedcluster_app.engine import run_inprocess
 
     cfg = fast_config(**{"checkpoint-every": 6})

@@ -6,23 +6,38 @@ strategy's own state, and the run config the run was started with) is stored as 
 leaves a half-written checkpoint.
 
 A resumed run must be the same run: :func:`check_same_run` refuses a run config that differs
-from the checkpoint's in any key but :data:`SAFE_ON_RESUME`.
+from the checkpoint's in any key but :data:`SAFE_ON_RESUME`. :class:`Checkpoints` takes a
+strategy's state into a checkpoint and back, with its clients' context.state where configured.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import shutil
+from dataclasses import asdict
+from logging import WARNING
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from flwr.app import ConfigRecord, Message
+from flwr.common.logger import log
+from flwr.serverapp import Grid
 
+from fedcluster_app.core import codec
+from fedcluster_app.core import wire as P
 from fedcluster_app.core.atomic import atomic_open
 from fedcluster_app.core.config import default_run_config
 from fedcluster_app.core.data.schedules import schedule_digest
 from fedcluster_app.core.results.files import (
     CHECKPOINT_FILE,  # with the run's other file names
 )
+from fedcluster_app.core.server.messages import Task, validate_reply
+from fedcluster_app.core.server.nodes import ClientRecord
+
+if TYPE_CHECKING:   # the strategy module composes this one: its type only
+    from fedcluster_app.core.server.strategy import ClusteredStrategy
 
 Weights = list[np.ndarray]
 
@@ -159,3 +174,156 @@ _UNSET = object()
 
 def _show(value: Any) -> str:
     return "(unset)" if value is _UNSET else repr(value)
+
+
+class Checkpoints:
+    """A strategy's state in a checkpoint and back: its registry, clients, generator, its
+    protocol's and its own state (``strategy_state``), and with ``checkpoint-client-state``
+    every client's context.state, pulled at each checkpoint and given back once to each
+    client when it rejoins a resumed run."""
+
+    def __init__(self, strategy: ClusteredStrategy) -> None:
+        self.s = strategy
+        #: the checkpoint file ``load`` read (None: not resumed from a file)
+        self.resumed_from: Path | None = None
+        self.pending_states: dict[int, bytes] = {}   # resumed: clients' state not yet restored
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[int, Weights]]:
+        s = self.s
+        scenario = s.exp.scenario
+        meta = {
+            "strategy": s.name,
+            "scenario": scenario.name,
+            "num_clients": scenario.num_clients,
+            # what check_same_run compares when the run is resumed; `fedcluster run --resume
+            # DIR` reads the config from here (a killed run has no summary.json)
+            "config": dict(s.cfg.raw),
+            "num_steps": scenario.num_steps,
+            "schedule": schedule_digest(scenario.concept_matrix(), scenario.concept_labels),
+            "round": s.round,
+            "next_model_id": s.next_model_id,
+            "model_birth": {str(k): v for k, v in s.model_birth.items()},
+            "model_ids": sorted(s.models),
+            "clients": [asdict(r) | {"soft": _keys_to_str(r.soft)} for r in s.clients.values()],
+            "truth": {str(c): {str(t): k for t, k in d.items()} for c, d in s.truth.items()},
+            "rng": s.rng.bit_generator.state,
+            "protocol_state": s.protocol.state(),
+            "strategy_state": s.strategy_state(),
+            "untrained_rounds": s.runner.untrained_rounds,
+            "unevaluated_rounds": s.runner.unevaluated_rounds,
+        }
+        return meta, dict(s.models)
+
+    def load_state_dict(self, meta: dict[str, Any], models: dict[int, Weights]) -> None:
+        s = self.s
+        for key, mine in (("strategy", s.name), ("scenario", s.exp.scenario.name),
+                          ("num_clients", s.exp.scenario.num_clients)):
+            if meta.get(key) != mine:
+                raise ValueError(f"the checkpoint is from a run with {key} = {meta.get(key)!r}; "
+                                 f"this run has {key} = {mine!r}")
+        check_same_run(meta, s.cfg.raw, s.exp.scenario)
+        s.round = int(meta["round"])
+        s.next_model_id = int(meta["next_model_id"])
+        s.model_birth = {int(k): int(v) for k, v in meta["model_birth"].items()}
+        shapes_expected = s.shapes
+        for mid, weights in models.items():
+            shapes = tuple(tuple(a.shape) for a in weights)
+            if shapes != shapes_expected:
+                raise ValueError(f"model {mid} of the checkpoint has shapes {shapes}, this run's "
+                                 f"model {shapes_expected}")
+            if not all(np.isfinite(a).all() for a in weights if a.dtype.kind == "f"):
+                raise ValueError(f"model {mid} of the checkpoint has non-finite weights")
+        s.models = {int(mid): models[int(mid)] for mid in meta["model_ids"]}
+        s.clients = {}
+        for r in meta["clients"]:
+            soft = {int(k): float(v) for k, v in r["soft"].items()} if r["soft"] else None
+            s.clients[int(r["cid"])] = ClientRecord(**{**r, "soft": soft, "node_id": None})
+        s.truth = {int(c): {int(t): int(k) for t, k in d.items()} for c, d in meta["truth"].items()}
+        s.rng.bit_generator.state = meta["rng"]
+        s.protocol.load_state(meta["protocol_state"])
+        s.load_strategy_state(meta["strategy_state"])
+        s.runner.untrained_rounds = [int(r) for r in meta.get("untrained_rounds", [])]
+        s.runner.unevaluated_rounds = [int(r) for r in meta.get("unevaluated_rounds", [])]
+
+    def save(self, path: Path, grid: Grid | None = None) -> None:
+        """The strategy's state, and with ``grid`` (and checkpoint-client-state) every
+        client's context.state, so that a resumed run continues the clients exactly too."""
+        s = self.s
+        states = (self.pull_client_states(grid)
+                  if grid is not None and s.cfg.checkpoint_client_state else {})
+        meta, models = self.state_dict()
+        try:
+            write_checkpoint(path, meta, models, states)
+        except OSError as ex:
+            if ex.errno != errno.ENOSPC:
+                raise
+            # the write is atomic: the checkpoint before this one is still whole
+            need = (sum(a.nbytes for ws in models.values() for a in ws)
+                    + sum(map(len, states.values())) + len(json.dumps(meta)))
+            free = shutil.disk_usage(Path(path).parent).free
+            raise OSError(errno.ENOSPC, (
+                f"no space left for the checkpoint of round {s.round} in {Path(path).parent}: "
+                f"it needs about {need / 1e6:.1f} MB, {free / 1e6:.1f} MB are free; the last "
+                f"checkpoint written ({path}) is intact: free space, then resume it")) from None
+
+    def load(self, path: Path) -> None:
+        meta, models = read_checkpoint(path)
+        try:
+            self.load_state_dict(meta, models)
+        except KeyError as ex:
+            raise ValueError(f"checkpoint {path} is incomplete: missing {ex}") from None
+        self.resumed_from = checkpoint_file(path)
+        self.pending_states = read_client_states(path)
+        for cid, blob in self.pending_states.items():   # refused now, not when it rejoins
+            try:
+                codec.decode_state(blob)
+            except Exception as ex:
+                raise ValueError(f"checkpoint {path}: the saved state of client {cid} is corrupt "
+                                 f"({type(ex).__name__}: {ex})") from None
+
+    def pull_client_states(self, grid: Grid) -> dict[int, bytes]:
+        """Every reachable client's context.state, serialised; a client that does not answer
+        is logged and resumes without its state."""
+        s = self.s
+        sent = {rec.node_id: cid for cid, rec in sorted(s.clients.items())
+                if rec.node_id is not None}
+        messages = [Message(content=codec.build_content(config={P.ROUND: s.round}), dst_node_id=n,
+                            message_type=P.QUERY_STATE, group_id=f"state-{s.round}")
+                    for n in sent]
+        states = {}
+        shapes = s.shapes
+        for msg in grid.send_and_receive(messages, timeout=s.round_timeout) if messages else []:
+            cid = sent.get(msg.metadata.src_node_id)
+            if cid is None:
+                continue
+            try:   # the generic check (error reply, metrics, client id); it carries no model
+                validate_reply(msg, cid, Task(), shapes)
+                states[cid] = codec.encode_state(msg.content)
+            except Exception as ex:   # a hostile or failed reply: that client only
+                log(WARNING, "round %d: client %s: its state is not in the checkpoint (%s)",
+                    s.round, cid, ex)
+        return states
+
+    def restore(self, grid: Grid, cids: list[int]) -> None:
+        """Give resumed clients back their checkpointed context.state (once each)."""
+        s = self.s
+        todo = {s.clients[c].node_id: c for c in cids if c in self.pending_states}
+        messages = []
+        for node, cid in todo.items():
+            content = codec.decode_state(self.pending_states[cid])
+            content[P.CONFIG] = ConfigRecord({P.ROUND: s.round})
+            messages.append(Message(content=content, dst_node_id=node,
+                                    message_type=P.QUERY_RESTORE, group_id="restore"))
+        restored = set()
+        for msg in grid.send_and_receive(messages, timeout=s.round_timeout) if messages else []:
+            cid = todo.get(msg.metadata.src_node_id)
+            if cid is not None and not msg.has_error():
+                restored.add(cid)
+                self.pending_states.pop(cid)
+        for cid in sorted(set(todo.values()) - restored):
+            log(WARNING, "client %d: its checkpointed state could not be restored; it continues "
+                "from the state it has", cid)
+
+
+def _keys_to_str(d: dict[int, float] | None) -> dict[str, float] | None:
+    return None if d is None else {str(k): v for k, v in d.items()}

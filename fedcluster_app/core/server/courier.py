@@ -43,7 +43,7 @@ class Courier:
         wire_kind = s.protocol.message_kind(kind)
         s.protocol.prepare(kind, tasks)
         step = s.step if s.step is not None else s.protocol.time_step(max(s.round, 1))
-        extra = s._extra_config.get(kind, {})
+        extra = s.extra_config.get(kind, {})
         messages, sent, packed = [], {}, {}
         for cid, task in sorted(tasks.items()):
             node = s.clients[cid].node_id
@@ -60,7 +60,7 @@ class Courier:
                     packed[m] = record, codec.record_nbytes(record)
             content = codec.build_content({m: packed[m][0] for m in task.models}, config)
             # the instruction's arrays are its models': counted once per model and exchange
-            s._round_stats["bytes_down"] += sum(packed[m][1] for m in task.models)
+            s.round_stats.bytes_down += sum(packed[m][1] for m in task.models)
             messages.append(flower_fast.instruction(content, node, wire_kind, str(s.round)))
             sent[node] = (cid, task)
         replies = (list(grid.send_and_receive(messages, timeout=s.round_timeout))
@@ -75,7 +75,7 @@ class Courier:
                 continue
             answered.add(node)
             try:
-                reply = validate_reply(msg, cid, task, s._shapes, s._dtypes,
+                reply = validate_reply(msg, cid, task, s.shapes, s.dtypes,
                                        s.max_examples)
                 self.record_truth(reply)
                 norms.update(self.check_scale(reply, sent_models))
@@ -86,7 +86,7 @@ class Courier:
             except Exception as ex:   # a strategy's own check tripped on a hostile reply
                 self.fail(cid, f"{wire_kind} reply rejected: {type(ex).__name__}: {ex}")
                 continue
-            s._round_stats["bytes_up"] += codec.nbytes(msg.content)
+            s.round_stats.bytes_up += codec.nbytes(msg.content)
             s.clients[cid].last_round = s.round
             out.append(reply)
         for node, (cid, _) in sent.items():
@@ -112,7 +112,7 @@ class Courier:
             if mid in s.models:
                 model = sent.get(mid)
                 if model is None:
-                    model = sent[mid] = SentModel(s.models[mid], s._shapes, s._dtypes)
+                    model = sent[mid] = SentModel(s.models[mid], s.shapes, s.dtypes)
                 norm = norms[reply.cid, mid] = model.update_norm(weights)
                 change, scale = norm / model.size, model.scale
                 if change > MAX_UPDATE_SCALE * scale:
@@ -153,7 +153,7 @@ class Courier:
                     reply = replies[i]
                     reply.models[mid] = scale_update(reply.models[mid], s.models[mid],
                                                      bound * median / norm)
-                    s._round_stats["bounded_updates"] += 1
+                    s.round_stats.bounded_updates += 1
                     log(WARNING, "round %d: client %d: update of model %d has norm %.3g, %.0fx "
                         "the median; scaled down to %.3g (update-norm-bound)", s.round,
                         reply.cid, mid, norm, norm / median, bound * median)
@@ -171,13 +171,13 @@ class Courier:
         s = self.s
         metrics = reply.metrics
         if P.CONCEPT in metrics and P.STEP in metrics:
-            s._truth.setdefault(reply.cid, {})[int(metrics[P.STEP])] = int(metrics[P.CONCEPT])
+            s.truth.setdefault(reply.cid, {})[int(metrics[P.STEP])] = int(metrics[P.CONCEPT])
         if not s.uses_ground_truth:
             metrics.pop(P.CONCEPT, None)
 
     def fail(self, cid: int, reason: str) -> None:
         s = self.s
         s.clients[cid].failures += 1
-        s._round_stats["failures"] += 1
-        s._round_stats["failed_clients"].append(cid)
+        s.round_stats.failures += 1
+        s.round_stats.failed_clients.append(cid)
         log(WARNING, "round %d: client %d: %s", s.round, cid, reason)

@@ -99,8 +99,8 @@ class NodeDirectory:
                 new.append(cid)
             rec.node_id = node
             rec.num_examples = num_examples
-        if s._pending_states:
-            s._restore_states(grid, mapped)
+        if s.checkpoints.pending_states:
+            s.checkpoints.restore(grid, mapped)
         return sorted(new)
 
     def identify(self, msg: Message) -> tuple[int, int]:
@@ -128,7 +128,7 @@ class NodeDirectory:
     def holder_alive(self, rec: ClientRecord) -> bool:
         """A node holding a client id counts as alive while it has not missed a round."""
         s = self.s
-        return rec.last_round >= s.round - 1 and rec.cid not in s._round_stats["failed_clients"]
+        return rec.last_round >= s.round - 1 and rec.cid not in s.round_stats.failed_clients
 
     def wait_for(self, grid: Grid) -> None:
         """Wait up to node-wait-s for min-nodes (default: every client of the scenario)."""

@@ -248,14 +248,14 @@ class Protocol:
         """Exchanges inside are made only to score (``score-next-step``): they are left out of
         the round's ``bytes_up`` / ``bytes_down`` and of the protocol's ``on_exchange``
         accounting (the strategy skips it), so the run's other numbers stay as without it."""
-        stats = self.s._round_stats
-        saved = (stats["bytes_up"], stats["bytes_down"])
+        stats = self.s.round_stats
+        saved = (stats.bytes_up, stats.bytes_down)
         self._scoring_only += 1
         try:
             yield
         finally:
             self._scoring_only -= 1
-            stats["bytes_up"], stats["bytes_down"] = saved
+            stats.bytes_up, stats.bytes_down = saved
 
     @property
     def in_scoring_only(self) -> bool:

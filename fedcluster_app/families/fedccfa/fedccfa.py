@@ -124,7 +124,7 @@ class _GeneralisedEval(ClusteredStrategy):
                 self.round, reply.cid, ex)
 
     def check_extra(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        c, d = self._shapes[-2]
+        c, d = self.shapes[-2]
         want = [(c, d), (c,), (c, d), (c,), (c, d), (c,)]
         names = ["balanced W", "balanced b", "personal W", "personal b", "anchors", "anchor mask"]
         if len(arrays) != len(want):
@@ -210,7 +210,7 @@ class FedCCFA(_GeneralisedEval):
         self._partition, self._class_ari = {}, []
         results: dict[int, dict[str, list]] = {
             cid: {"classes": [], "rows": [], "anchor_classes": [], "anchors": []} for cid in ok}
-        num_classes = self._shapes[-2][0]
+        num_classes = self.shapes[-2][0]
         if len(ok) < 3:
             if ok:
                 log(INFO, "round %d: only %d usable replies, no clustering (MADD needs 3)",
@@ -275,7 +275,7 @@ class FedCCFA(_GeneralisedEval):
     def _ari_per_class(self, step: int, ok: list[int], labels_by_class) -> list[float | None]:
         from sklearn.metrics import adjusted_rand_score
 
-        truth = [self._truth.get(cid, {}).get(step) for cid in ok]
+        truth = [self.truth.get(cid, {}).get(step) for cid in ok]
         if any(t is None for t in truth):
             return []
         return [float(adjusted_rand_score([self._class_meaning(t, c) for t in truth], labels))
