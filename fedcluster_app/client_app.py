@@ -86,7 +86,9 @@ def _reply(msg: Message, client: StreamClient, config: dict, result: tuple) -> M
     if msg.metadata.message_type.startswith("train"):
         metrics, model_metrics = client.honest_counts(metrics, model_metrics)
     step = int(config[P.STEP])
-    base = {P.CLIENT_ID: client.client_id, P.CONCEPT: client.concept(step), P.STEP: step}
+    # the round and step it answers, echoed: the server drops a reply to another instruction
+    base = {P.CLIENT_ID: client.client_id, P.CONCEPT: client.concept(step), P.STEP: step,
+            **({P.ROUND: int(config[P.ROUND])} if P.ROUND in config else {})}
     return flower_fast.reply(codec.reply_content({**base, **metrics}, models, model_metrics, *extras), msg)
 
 

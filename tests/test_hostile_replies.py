@@ -307,3 +307,92 @@ def test_the_median_of_equal_weights_is_numpys_median():
         assert weighted_median(values, [0.5] * n) == float(np.median(values))
     assert weighted_median([1.0, 2.0, 10.0], [0.1, 0.1, 0.8]) == 10.0
     assert np.isnan(weighted_median([1.0, float("nan"), 3.0], [1.0] * 3))
+
+
+# ----------------------------------------------------------------- replies answer what was asked
+def _answer(instruction, metrics, models=None, extras=None):
+    content = RecordDict({f"{P.MODEL_PREFIX}{mid}": codec.pack_arrays(w)
+                          for mid, w in (models or {}).items()})
+    for name, arrays_ in (extras or {}).items():
+        content[P.EXTRA_PREFIX + name] = codec.pack_arrays(arrays_)
+    content[P.METRICS] = MetricRecord({P.CLIENT_ID: 4, P.NUM_EXAMPLES: 50, **metrics})
+    return Message(content, reply_to=instruction)
+
+
+def _kind_of_rejection(msg, task, asked=(5, 2)):
+    try:
+        validate_reply(msg, 4, task, SHAPES, DTYPES, 100, asked=asked)
+    except RejectedReply as ex:
+        return ex.kind, str(ex)
+    return None, ""
+
+
+def test_a_reply_to_another_round_or_step_is_refused_as_stale(instruction):
+    model = {0: [np.ones(s, np.float32) for s in SHAPES]}
+    task = Task(models=[0])
+    ok = _answer(instruction, {P.ROUND: 5, P.STEP: 2}, model)
+    assert _kind_of_rejection(ok, task) == (None, "")
+    for metrics in ({P.ROUND: 4, P.STEP: 2}, {P.ROUND: 5, P.STEP: 1}, {P.STEP: 2}):
+        kind, why = _kind_of_rejection(_answer(instruction, metrics, model), task)
+        assert kind == "stale" and "stale or replayed" in why
+
+
+def test_a_model_returned_under_another_id_than_the_one_chosen_is_refused(instruction):
+    models = {1: [np.ones(s, np.float32) for s in SHAPES]}
+    task = Task.min_loss([0, 1])
+    echo = {P.ROUND: 5, P.STEP: 2, P.LOSSES: [0.1, 0.9], P.MODEL_IDS: [0, 1]}
+    kind, why = _kind_of_rejection(_answer(instruction, {**echo, P.CHOSEN: 0}, models), task)
+    assert kind == "wrong-model" and "reports choosing model 0 but returns models [1]" in why
+    assert _kind_of_rejection(_answer(instruction, {**echo, P.CHOSEN: 1}, models), task)[0] is None
+
+
+def test_a_reply_larger_than_its_instruction_can_produce_is_refused_before_decoding(instruction):
+    from fedcluster_app.core.server.messages import reply_budget
+
+    task = Task(models=[0])
+    max_bytes, max_values = reply_budget(task, SHAPES, DTYPES)
+    echo = {P.ROUND: 5, P.STEP: 2}
+    big = {"junk": [np.zeros(max_bytes // 4 + 1, np.float32)]}   # 4 bytes a value: one too many
+    kind, why = _kind_of_rejection(_answer(instruction, echo, extras=big), task)
+    assert kind == "oversize" and f"at most {max_bytes:,}" in why
+    listed = {**echo, "custom": [0.0] * max_values}
+    kind, why = _kind_of_rejection(_answer(instruction, listed), task)
+    assert kind == "oversize" and "metric values" in why
+    # what a family adds (up to two models' worth) still fits
+    extra = {"classifier": [np.ones(s, np.float32) for s in SHAPES] * 2}
+    assert _kind_of_rejection(_answer(instruction, echo, extras=extra), task)[0] is None
+
+
+def test_replayed_and_relabelled_replies_are_refused_counted_and_the_run_goes_on(fast_config):
+    """Client 0 answers every training instruction with its first reply again (a replay);
+    client 1 returns the model it trained under the id of a model it did not choose. Both are
+    refused every round and counted by kind in metrics.jsonl; the others' run is unharmed."""
+    from fedcluster_app.client_app import app as honest
+
+    first = {}
+
+    def app(msg, ctx):
+        reply = honest(msg, ctx)
+        cid = int(reply.content[P.METRICS][P.CLIENT_ID]) if not reply.has_error() else None
+        if msg.metadata.message_type != P.TRAIN or cid not in (0, 1):
+            return reply
+        if cid == 0:
+            old = first.setdefault(0, reply.content)
+            return Message(old, reply_to=msg)
+        metrics = reply.content[P.METRICS]
+        chosen = int(metrics[P.CHOSEN])
+        other = next(m for m in metrics[P.MODEL_IDS] if m != chosen)
+        content = reply.content
+        content[f"{P.MODEL_PREFIX}{other}"] = content[f"{P.MODEL_PREFIX}{chosen}"]
+        del content[f"{P.MODEL_PREFIX}{chosen}"]
+        return reply
+
+    clean = run_inprocess(fast_config(strategy="ifca", out_dir=fast_config()["out-dir"] + "-c"))
+    summary = run_inprocess(fast_config(strategy="ifca"), client_app=app)
+    _, rounds = load_run(Path(summary["out_dir"]))
+    assert summary["status"] == "completed"
+    assert rounds[0]["rejected"] == {"wrong-model": 1}          # round 1's replay is the reply
+    for r in rounds[1:]:
+        assert r["rejected"] == {"stale": 1, "wrong-model": 1}, r["round"]
+        assert sorted(r["failed_clients"]) == [0, 1]
+    assert summary["mean_accuracy"] > clean["mean_accuracy"] - 0.05

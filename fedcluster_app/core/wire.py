@@ -72,7 +72,8 @@ PERSONAL_MODEL_ID = -1         # id under which a client's personal model is rep
 # "unit-list"). Families declare their own keys with declare_reply_metrics; undeclared keys
 # only have to be finite numbers.
 REPLY_METRICS: dict[str, str] = {
-    CLIENT_ID: "int", CONCEPT: "int", STEP: "int", NUM_EXAMPLES: "int", CHOSEN: "int",
+    CLIENT_ID: "int", CONCEPT: "int", STEP: "int", ROUND: "int", NUM_EXAMPLES: "int",
+    CHOSEN: "int",
     TRAIN_LOSS: "scalar", ACCURACY: "unit", LOSS: "scalar",
     LOSSES: "list", ACCURACIES: "unit-list", MODEL_IDS: "int-list", HISTOGRAM: "int-list",
 }

@@ -62,7 +62,7 @@ class Courier:
             # the instruction's arrays are its models': counted once per model and exchange
             s.round_stats.bytes_down += sum(packed[m][1] for m in task.models)
             messages.append(flower_fast.instruction(content, node, wire_kind, str(s.round)))
-            sent[node] = (cid, task)
+            sent[node] = (cid, task, (config[P.ROUND], config[P.STEP]))
         replies = (list(grid.send_and_receive(messages, timeout=s.round_timeout))
                    if messages else [])
         out, answered = [], set()
@@ -70,18 +70,19 @@ class Courier:
         sent_models: dict[int, SentModel] = {}     # model -> its scale and arrays, once
         for msg in replies:
             node = msg.metadata.src_node_id
-            cid, task = sent.get(node, (None, None))
+            cid, task, asked = sent.get(node, (None, None, None))
             if cid is None:
                 continue
             answered.add(node)
             try:
-                reply = validate_reply(msg, cid, task, s.shapes, s.dtypes,
-                                       s.max_examples)
+                reply = validate_reply(msg, cid, task, s.shapes, s.dtypes, s.max_examples,
+                                       asked=asked)
                 self.record_truth(reply)
                 norms.update(self.check_scale(reply, sent_models))
                 s.check_reply(wire_kind, reply)
             except RejectedReply as ex:
-                self.fail(cid, f"{wire_kind} reply rejected: {ex}")
+                kind = "error" if msg.has_error() else ex.kind
+                self.fail(cid, f"{wire_kind} reply rejected: {ex}", kind)
                 continue
             except Exception as ex:   # a strategy's own check tripped on a hostile reply
                 self.fail(cid, f"{wire_kind} reply rejected: {type(ex).__name__}: {ex}")
@@ -89,9 +90,9 @@ class Courier:
             s.round_stats.bytes_up += codec.nbytes(msg.content)
             s.clients[cid].last_round = s.round
             out.append(reply)
-        for node, (cid, _) in sent.items():
+        for node, (cid, _, _) in sent.items():
             if node not in answered:
-                self.fail(cid, f"no {wire_kind} reply within {s.round_timeout:.0f} s")
+                self.fail(cid, f"no {wire_kind} reply within {s.round_timeout:.0f} s", "no-reply")
         out = sorted(out, key=lambda r: r.cid)  # order fixed: aggregation sums are reproducible
         self.bound_updates(out, norms)
         if not s.protocol.in_scoring_only:   # score-next-step's own exchanges: not accounted
@@ -118,7 +119,7 @@ class Courier:
                 if change > MAX_UPDATE_SCALE * scale:
                     raise RejectedReply(f"model {mid}: a change of {change:.3g} per weight, "
                                         f"{change / scale:.3g}x the model's scale (at most "
-                                        f"{MAX_UPDATE_SCALE:g}x)")
+                                        f"{MAX_UPDATE_SCALE:g}x)", "scale")
         return norms
 
     def bound_updates(self, replies: list[Reply], norms: dict[tuple[int, int], float]) -> None:
@@ -175,9 +176,10 @@ class Courier:
         if not s.uses_ground_truth:
             metrics.pop(P.CONCEPT, None)
 
-    def fail(self, cid: int, reason: str) -> None:
+    def fail(self, cid: int, reason: str, kind: str = "invalid") -> None:
         s = self.s
         s.clients[cid].failures += 1
         s.round_stats.failures += 1
         s.round_stats.failed_clients.append(cid)
+        s.round_stats.rejected[kind] = s.round_stats.rejected.get(kind, 0) + 1
         log(WARNING, "round %d: client %d: %s", s.round, cid, reason)

@@ -3,7 +3,11 @@
 :func:`validate_reply` is the generic check every reply passes before a strategy sees it: a
 client error, a missing metrics record, a wrong client id, a non-finite metric, a negative
 sample count, a model the client was not asked to train, wrong shapes or non-finite weights
-reject the reply (:class:`RejectedReply`); the round goes on without it.
+reject the reply (:class:`RejectedReply`); the round goes on without it. A reply must also
+answer what was asked: the round and time step of its instruction (a replayed reply of an
+earlier round is refused), models only under the id it reports choosing, and no more bytes and
+metric values than the instruction can produce (:func:`reply_budget`), measured before any of
+it is decoded.
 """
 
 from __future__ import annotations
@@ -56,7 +60,15 @@ class Reply:
 
 
 class RejectedReply(ValueError):
-    """A client reply that cannot be used; the message says why."""
+    """A client reply that cannot be used; the message says why, ``kind`` under which the
+    round counts it (metrics.jsonl's ``rejected``): "invalid" (malformed or out of range),
+    "stale" (another round's or step's answer), "wrong-model" (a model it was not asked for,
+    or not the one it chose), "oversize" (more than its instruction can produce), "scale" (an update out of all
+    proportion to its model)."""
+
+    def __init__(self, message: str, kind: str = "invalid") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 # Decoding a hostile reply can fail anywhere in NumPy or Flower (a bad .npy header, a dtype
@@ -69,39 +81,72 @@ _NUMERIC_KINDS = "fiu"   # float, signed and unsigned int; never complex, str, b
 def validate_reply(msg: Message, cid: int, task: Task,
                    shapes: tuple[tuple[int, ...], ...],
                    dtypes: tuple[np.dtype, ...] | None = None,
-                   max_examples: int | None = None) -> Reply:
+                   max_examples: int | None = None, *,
+                   asked: tuple[int, int] | None = None) -> Reply:
     """The reply of client ``cid`` to ``task``, or RejectedReply saying what is wrong.
 
     Model arrays are cast to the run's ``dtypes``; ``num-examples`` above ``max_examples``
-    (the most training data a client of the scenario holds) is capped to it."""
+    (the most training data a client of the scenario holds) is capped to it. ``asked``: the
+    (round, time step) the instruction carried, which the reply must echo."""
     try:
-        return _validate(msg, cid, task, shapes, dtypes, max_examples)
+        return _validate(msg, cid, task, shapes, dtypes, max_examples, asked)
     except RejectedReply:
         raise
     except _DECODE_ERRORS as ex:
         raise RejectedReply(f"malformed reply ({type(ex).__name__}: {ex})") from None
 
 
-def _validate(msg, cid, task, shapes, dtypes, max_examples) -> Reply:
+def reply_budget(task: Task, shapes: tuple[tuple[int, ...], ...],
+                 dtypes: tuple[np.dtype, ...] | None) -> tuple[int, int]:
+    """(array bytes, metric values) a reply to ``task`` may carry at most: the models it may
+    return (those sent, or its personal one) plus two models' worth for what a family adds
+    (FedCCFA's classifier and anchors, Fielding's representation, per-cluster lists), and
+    slack for the .npy headers and the scalar metrics."""
+    params = sum(math.prod(s) for s in shapes)
+    itemsize = max((np.dtype(d).itemsize for d in dtypes), default=4) if dtypes else 4
+    models = len(task.models) + 2
+    return models * (params * itemsize + 256 * len(shapes)) + (1 << 20), models * params + 4096
+
+
+def _validate(msg, cid, task, shapes, dtypes, max_examples, asked) -> Reply:
     if msg.has_error():
         raise RejectedReply(f"client error: {msg.error.reason}")
     content = msg.content
+    max_bytes, max_values = reply_budget(task, shapes, dtypes)
+    size = codec.nbytes(content)   # read from the arrays' headers: nothing decoded yet
+    if size > max_bytes:
+        raise RejectedReply(f"carries {size:,} bytes of arrays; an answer to this instruction "
+                            f"holds at most {max_bytes:,}", "oversize")
     records = flower_fast.records_of(content, MetricRecord)
+    values = sum(len(v) if isinstance(v, list) else 1
+                 for r in records.values() for v in flower_fast.data_of(r).values())
+    if values > max_values:
+        raise RejectedReply(f"carries {values:,} metric values; an answer to this instruction "
+                            f"holds at most {max_values:,}", "oversize")
     if P.METRICS not in records:
         raise RejectedReply("no metrics record")
     metrics = check_metrics(dict(flower_fast.data_of(records[P.METRICS])), max_examples)
     claimed = metrics.get(P.CLIENT_ID)
     if claimed != cid:
         raise RejectedReply(f"reply claims client id {claimed!r}")
+    if asked is not None:
+        for key, value in zip((P.ROUND, P.STEP), asked):
+            if metrics.get(key) != value:
+                raise RejectedReply(f"answers {key} {metrics.get(key)!r}; it was asked "
+                                    f"{key} {value} (a stale or replayed reply)", "stale")
     models = codec.unpack_models(content)
     allowed = set(task.models if task.train_ids is None else task.train_ids)
     if task.personal:   # a client's own model may come back under the personal id
         allowed.add(P.PERSONAL_MODEL_ID)
     if P.CHOSEN in metrics and metrics[P.CHOSEN] not in task.models:
-        raise RejectedReply(f"chose model {metrics[P.CHOSEN]}, which it was not sent")
+        raise RejectedReply(f"chose model {metrics[P.CHOSEN]}, which it was not sent",
+                            "wrong-model")
+    if P.CHOSEN in metrics and models and set(models) != {metrics[P.CHOSEN]}:
+        raise RejectedReply(f"reports choosing model {metrics[P.CHOSEN]} but returns models "
+                            f"{sorted(models)}", "wrong-model")
     ids = metrics.get(P.MODEL_IDS)
     if ids is not None and not set(ids) <= set(task.models) | {P.PERSONAL_MODEL_ID}:
-        raise RejectedReply(f"reports models {ids}; it was sent {task.models}")
+        raise RejectedReply(f"reports models {ids}; it was sent {task.models}", "wrong-model")
     num_models = len(task.models if ids is None else ids)
     for key in P.PER_MODEL_METRICS & set(metrics):
         if len(metrics[key]) != num_models:
@@ -109,7 +154,8 @@ def _validate(msg, cid, task, shapes, dtypes, max_examples) -> Reply:
                                 f"{num_models} models")
     for mid, arrays in models.items():
         if mid not in allowed:
-            raise RejectedReply(f"returned model {mid}, which it was not asked to train")
+            raise RejectedReply(f"returned model {mid}, which it was not asked to train",
+                                "wrong-model")
         got = tuple(tuple(a.shape) for a in arrays)
         if got != shapes:
             raise RejectedReply(f"model {mid} has shapes {got}, expected {shapes}")

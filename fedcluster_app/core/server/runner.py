@@ -63,9 +63,14 @@ class RoundStats:
     failed_clients: list[int] = field(default_factory=list)
     #: returned models scaled down by update-norm-bound
     bounded_updates: int = 0
+    #: failures by kind: "no-reply", "error" (the client's), or a ``RejectedReply.kind``
+    rejected: dict[str, int] = field(default_factory=dict)
 
     def as_record(self) -> dict[str, Any]:
-        return asdict(self)
+        record = asdict(self)
+        if not self.rejected:   # written only for a round with failures
+            del record["rejected"]
+        return record
 
 
 def train_loss(replies: list[Reply]) -> float | None:
