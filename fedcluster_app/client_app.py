@@ -100,10 +100,21 @@ def _request(msg: Message, context: Context) -> tuple[StreamClient, dict, handle
     return client, config, codec.unpack_models(msg.content)
 
 
+class InstructionExpired(RuntimeError):
+    """The instruction's time to live (its round's deadline) ran out while it was handled."""
+
+
 def _wrap(handler: Handler) -> Callable[[Message, Context], Message]:
     def handle(msg: Message, context: Context) -> Message:
         client, config, models = _request(msg, context)
-        return _reply(msg, client, config, handlers.call(handler, client, config, models))
+        reply = _reply(msg, client, config, handlers.call(handler, client, config, models))
+        if flower_fast.expired(msg):
+            # the server has stopped waiting: raising keeps Flower from writing this call's
+            # Context back, which on a simulation could overwrite the state a newer message
+            # of this node has written meanwhile (a state rolled back by a late reply)
+            raise InstructionExpired(f"round {config.get(P.ROUND)}'s instruction expired while "
+                                     f"it was handled; its reply and state are dropped")
+        return reply
 
     handle.__name__ = getattr(handler, "__name__", "handler")
     return handle

@@ -20,6 +20,7 @@ from fedcluster_app.client_app import app as default_client_app
 from fedcluster_app.client_app import handle_many
 from fedcluster_app.core import codec
 from fedcluster_app.core.config import ConfigValue, merge_overrides
+from fedcluster_app.core.flower_fast import expired
 
 ClientAppFn = Callable[[Message, Context], Message]
 
@@ -30,6 +31,14 @@ class InProcessGrid(Grid):
     Exceptions become error replies, as in Flower's runtimes. With ``batch-clients`` (and the
     package's own ClientApp) the messages of one push are answered together, their training
     jobs run as one batched program (``client_app.handle_many``).
+
+    Time to live, as on Flower's runtimes: a message whose time to live (its round's
+    deadline) has run out when its turn comes is never delivered, as a node never gets an
+    expired instruction, and a reply that comes after it is dropped, as the SuperLink drops a
+    reply to an expired instruction. The clients run one after another here, as on a Ray
+    cluster with one worker: a round waits at most until its deadline plus the one call under
+    way then, which finishes (the client's state advances, it is never rolled back) but is not
+    counted.
     """
 
     def __init__(
@@ -84,16 +93,25 @@ class InProcessGrid(Grid):
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
             pairs.append((msg, self.contexts[msg.metadata.dst_node_id]))
         self.messages_sent += len(pairs)
+        pairs = [(msg, ctx) for msg, ctx in pairs if not expired(msg)]
         if self._batch:
             replies = handle_many(pairs)
-        else:
-            replies = [self._call(msg, ctx) for msg, ctx in pairs]
+            replies = [None if expired(msg) else r for (msg, _), r in zip(pairs, replies)]
+        else:   # one by one: an instruction that expires while the others run is not delivered
+            replies = [None if expired(msg) else self._answer_in_time(msg, ctx)
+                       for msg, ctx in pairs]
         for (msg, _), reply in zip(pairs, replies):
+            if reply is None:   # never delivered, or answered after it expired: no reply
+                continue
             if isinstance(reply, Exception):   # a failing client must not stop the run
                 reply = Message(Error(code=2, reason=f"{type(reply).__name__}: {reply}"),
                                 reply_to=msg)
             self._replies[msg.metadata.message_id] = reply
         return [msg.metadata.message_id for msg, _ in pairs]
+
+    def _answer_in_time(self, msg: Message, ctx: Context) -> Message | Exception | None:
+        reply = self._call(msg, ctx)
+        return None if expired(msg) else reply
 
     def _call(self, msg: Message, ctx: Context) -> Message | Exception:
         try:

@@ -396,3 +396,73 @@ def test_replayed_and_relabelled_replies_are_refused_counted_and_the_run_goes_on
         assert r["rejected"] == {"stale": 1, "wrong-model": 1}, r["round"]
         assert sorted(r["failed_clients"]) == [0, 1]
     assert summary["mean_accuracy"] > clean["mean_accuracy"] - 0.05
+
+
+# ----------------------------------------------------------------- one deadline per round
+def _sleepy(seconds_by_client, kind=P.TRAIN, from_round=1):
+    import time as _time
+
+    from fedcluster_app.client_app import app as honest
+
+    def app(msg, ctx):
+        cid = ctx.node_config.get("partition-id")
+        config = msg.content["config"]
+        if (msg.metadata.message_type == kind and cid in seconds_by_client
+                and int(config[P.ROUND]) >= from_round):
+            _time.sleep(seconds_by_client[cid])
+        return honest(msg, ctx)
+
+    return app
+
+
+def test_round_timeout_bounds_a_round_in_process_and_drops_the_late_reply(fast_config):
+    """In-process as on Flower's runtimes: client 9 takes 10 s to evaluate in round 4 with
+    round-timeout = 5 s. Its reply comes after its instruction expired and is dropped (not
+    counted in the accuracy); the round waits that one call, not more; the run goes on and
+    completes with the other nine clients' scores."""
+    summary = run_inprocess(fast_config(strategy="fedavg", num_steps=2, round_timeout=5.0),
+                            client_app=_sleepy({9: 10.0}, kind=P.EVALUATE, from_round=4))
+    _, rounds = load_run(Path(summary["out_dir"]))
+    assert summary["status"] == "completed"
+    assert all(r["failures"] == 0 for r in rounds[:3])
+    last = rounds[3]
+    assert last["failed_clients"] == [9] and last["rejected"] == {"no-reply": 1}
+    assert last["trained_clients"] == 10 and len(last["client_accuracy"]) == 9
+    assert 10 <= last["round_time_s"] < 13
+
+
+def test_a_round_has_one_deadline_for_all_its_exchanges(fast_config):
+    """Training that uses up the round's deadline leaves no time to evaluate: the evaluation
+    is not sent, and the run says its rounds went unevaluated (before, each exchange waited
+    round-timeout anew, so a round could wait several times it)."""
+    summary = run_inprocess(fast_config(strategy="fedavg", num_steps=1, round_timeout=4.0),
+                            client_app=_sleepy({c: 0.5 for c in range(10)}))
+    _, rounds = load_run(Path(summary["out_dir"]))
+    assert summary["status"] == "degraded" and "evaluation" in summary["reason"]
+    for r in rounds:   # trained until the deadline, one client after another; then nothing
+        assert r["accuracy"] is None and 3 <= r["trained_clients"] < 10
+        assert r["rejected"]["no-reply"] == 10 + 10 - r["trained_clients"]
+
+
+def test_an_expired_instruction_raises_in_the_clientapp_so_flower_keeps_the_newer_state():
+    """On a simulation, Flower writes a call's Context back when the call returns; a late
+    call would overwrite what a newer message wrote meanwhile. The ClientApp raises instead,
+    so nothing is written back."""
+    from flwr.app import ConfigRecord, Context
+
+    from fedcluster_app.client_app import InstructionExpired
+    from fedcluster_app.client_app import app as honest
+    from fedcluster_app.core.config import default_run_config
+    from fedcluster_app.core.flower_fast import instruction
+
+    InProcessGrid({}, 0)
+    rc = {**default_run_config(), "scenario": "mixture-swap", "samples-per-step": 50,
+          "test-samples": 20}
+    ctx = Context(run_id=1, node_id=5, node_config={"partition-id": 3, "num-partitions": 10},
+                  state=RecordDict(), run_config=rc)
+    content = RecordDict({"config": ConfigRecord({P.ROUND: 1, P.STEP: 1})})
+    fresh = instruction(content, 5, P.QUERY_INFO, "1", ttl=600.0)
+    assert not honest(fresh, ctx).has_error()
+    stale = instruction(content, 5, P.QUERY_INFO, "1", ttl=1e-9)
+    with pytest.raises(InstructionExpired, match="expired while it was handled"):
+        honest(stale, ctx)

@@ -298,8 +298,9 @@ class FederationSettings(HParams):
                            ge=0)
     node_wait_s: float = param(10.0, "how long to wait for min-nodes before starting with fewer",
                                ge=0)
-    round_timeout: float = param(600.0, "seconds to wait for replies in a round; stragglers are "
-                                 "dropped", gt=0)
+    round_timeout: float = param(600.0, "seconds a round may take: one deadline for all its "
+                                 "exchanges; an instruction expires with it and a later reply "
+                                 "is dropped", gt=0)
 
 
 @dataclass(frozen=True)

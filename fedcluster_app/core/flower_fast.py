@@ -213,20 +213,20 @@ def _message(metadata: dict, content: RecordDict) -> Message:
 
 
 def instruction(content: RecordDict, dst_node_id: int, message_type: str,
-                group_id: str) -> Message:
+                group_id: str, ttl: float = DEFAULT_TTL) -> Message:
     """``Message(content=content, dst_node_id=dst_node_id, message_type=message_type,
-    group_id=group_id)``: the same message."""
+    group_id=group_id, ttl=ttl)``: the same message."""
     if (not FAST_PATH or message_type not in _CHECKED_TYPES or type(content) is not RecordDict
             or type(dst_node_id) is not int or type(group_id) is not str):
         message = Message(content=content, dst_node_id=dst_node_id, message_type=message_type,
-                          group_id=group_id)
+                          group_id=group_id, ttl=ttl)
         _CHECKED_TYPES.add(message_type)
         return message
     return _message({
         "_run_id": TaskIdentity.run_id, "_message_id": "", "_src_node_id": TaskIdentity.node_id,
         "_dst_node_id": dst_node_id, "_src_task_id": TaskIdentity.task_id, "_dst_task_id": None,
         "_reply_to_message_id": "", "_group_id": group_id, "_created_at": now().timestamp(),
-        "_ttl": DEFAULT_TTL, "_message_type": message_type, "_delivered_at": "",
+        "_ttl": float(ttl), "_message_type": message_type, "_delivered_at": "",
     }, content)
 
 
@@ -245,3 +245,10 @@ def reply(content: RecordDict, reply_to: Message) -> Message:
         "_ttl": source["_created_at"] + source["_ttl"] - current,
         "_message_type": source["_message_type"], "_delivered_at": "",
     }, content)
+
+
+def expired(message: Message) -> bool:
+    """Whether ``message``'s time to live has run out (the SuperLink's rule: created_at + ttl
+    is past), on this machine's clock."""
+    meta = message.metadata
+    return meta.created_at + meta.ttl <= now().timestamp()

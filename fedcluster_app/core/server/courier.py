@@ -45,6 +45,13 @@ class Courier:
         step = s.step if s.step is not None else s.protocol.time_step(max(s.round, 1))
         extra = s.extra_config.get(kind, {})
         messages, sent, packed = [], {}, {}
+        wait = s.runner.time_left()
+        if wait <= 0:   # the round's deadline has passed: its instructions would expire unread
+            for cid in sorted(tasks):
+                if s.clients[cid].node_id is not None:
+                    self.fail(cid, f"no {wire_kind} instruction sent: the round's deadline "
+                              f"(round-timeout = {s.round_timeout:g} s) has passed", "no-reply")
+            return []
         for cid, task in sorted(tasks.items()):
             node = s.clients[cid].node_id
             if node is None:
@@ -61,10 +68,11 @@ class Courier:
             content = codec.build_content({m: packed[m][0] for m in task.models}, config)
             # the instruction's arrays are its models': counted once per model and exchange
             s.round_stats.bytes_down += sum(packed[m][1] for m in task.models)
-            messages.append(flower_fast.instruction(content, node, wire_kind, str(s.round)))
+            # it expires with the round: a node that has not started it by then never will
+            messages.append(flower_fast.instruction(content, node, wire_kind, str(s.round),
+                                                    ttl=wait))
             sent[node] = (cid, task, (config[P.ROUND], config[P.STEP]))
-        replies = (list(grid.send_and_receive(messages, timeout=s.round_timeout))
-                   if messages else [])
+        replies = (list(grid.send_and_receive(messages, timeout=wait)) if messages else [])
         out, answered = [], set()
         norms: dict[tuple[int, int], float] = {}   # (client, model) -> update norm
         sent_models: dict[int, SentModel] = {}     # model -> its scale and arrays, once
@@ -92,7 +100,8 @@ class Courier:
             out.append(reply)
         for node, (cid, _, _) in sent.items():
             if node not in answered:
-                self.fail(cid, f"no {wire_kind} reply within {s.round_timeout:.0f} s", "no-reply")
+                self.fail(cid, f"no {wire_kind} reply before the round's deadline "
+                          f"(round-timeout = {s.round_timeout:g} s)", "no-reply")
         out = sorted(out, key=lambda r: r.cid)  # order fixed: aggregation sums are reproducible
         self.bound_updates(out, norms)
         if not s.protocol.in_scoring_only:   # score-next-step's own exchanges: not accounted

@@ -101,6 +101,16 @@ class RoundRunner:
         #: ``start(evaluate_fn=...)``: called on every cluster model after each round
         self.evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
         self.records: list[dict[str, Any]] = []   # the rounds of the last run()
+        #: when the round under way ends (time.monotonic()): every exchange of the round waits
+        #: at most until then, and its instructions expire then; None between rounds
+        self.deadline: float | None = None
+
+    def time_left(self) -> float:
+        """Seconds an exchange may still wait: to the round's deadline, or ``round-timeout``
+        outside a round (discovery before round 1)."""
+        if self.deadline is None:
+            return self.s.round_timeout
+        return self.deadline - time.monotonic()
 
     # ------------------------------------------------------------------ the directory
     def continuing(self, out: Path) -> bool:
@@ -232,6 +242,7 @@ class RoundRunner:
             s.round_stats = RoundStats()
             protocol.start_round(rnd)
             t_round = time.monotonic()
+            self.deadline = t_round + s.round_timeout   # one deadline for the whole round
             s.step = step
             if new_step:   # a step begins between rounds: its decisions hold from round rnd on
                 for cid in s.discover(grid):
@@ -279,6 +290,7 @@ class RoundRunner:
             recorder.log_round(record)
             if s.cfg.progress and (evaluated or new_step):
                 log(INFO, "%s", format_round_line(record, total))
+            self.deadline = None   # the round is over: a checkpoint's pull has its own wait
             # periodic checkpoints (by rounds, by time), and one when a signal asked the run to
             # stop: at a round's end, so a checkpoint always holds whole rounds
             stop = stop_requested() if rnd < total else None
