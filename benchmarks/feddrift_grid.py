@@ -13,7 +13,8 @@ The per-run results (JSON lines) go to ``--jsonl`` (``--append``: after the rows
 batched at least 5x unbatched per run.
 
     python benchmarks/feddrift_grid.py [--dataset circle2] [--rounds 100] [--local-steps 50]
-        [--seed 0] [--methods ...] [--out docs/operations/performance_feddrift_grid.jsonl]
+        [--seed 0] [--methods ...] [--jsonl docs/operations/performance_feddrift_grid.jsonl
+        [--append]]
 """
 
 from __future__ import annotations
@@ -126,8 +127,7 @@ def grid_minutes(cpu_s: float) -> float:
 
 
 def main() -> None:
-    ap = parser(__doc__, jsonl="one per run, written as it ends", append=True,
-                renamed={"--out": ("--append", "--jsonl")})
+    ap = parser(__doc__, jsonl="one per run, written as it ends", append=True)
     ap.add_argument("--dataset", default="circle2")
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--local-steps", type=int, default=50)
