@@ -85,9 +85,9 @@ class DrawsClock(CompiledClock):
         # the compiled fresh_draws calls replay and seed_state itself, and Numba compiles a
         # function against its module's globals, so the module keeps its own; core/sampling.py,
         # their only caller from Python, gets a stand-in module holding the timed ones
-        from fedcluster_app.core import sampling
+        from fedcluster_app.core.sampling import use_compiled_draws
 
-        sampling._compiled = _WithStandIns(compiled, timed)
+        use_compiled_draws(_WithStandIns(compiled, timed))
 
 
 class _WithStandIns:

@@ -168,11 +168,45 @@ def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
             and (getattr(n.func, "id", None) == name or getattr(n.func, "attr", None) == name)]
 
 
+def _root(node: ast.AST) -> str | None:
+    """``a`` of ``a.b.c``."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return getattr(node, "id", None)
+
+
+def _private_assignments(tree: ast.AST) -> list[str]:
+    """Assignments (and deletions) of a private attribute of something the script imported
+    from the package: ``module._name = ...``, ``module.sub._name = ...``, ``setattr(module,
+    "_name", ...)``. A private name is no switch: the package declares a public one."""
+    package = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+               and (n.module or "").split(".")[0] == "fedcluster_app" for a in n.names}
+    package |= {a.asname or a.name.split(".")[0] for n in ast.walk(tree)
+                if isinstance(n, ast.Import) for a in n.names
+                if a.name.split(".")[0] == "fedcluster_app"}
+    hits = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.ctx, (ast.Store, ast.Del)) and n.attr.startswith("_")
+            and _root(n) in package]
+    return hits + [ast.unparse(c) for c in _calls(tree, "setattr") if len(c.args) > 1
+                   and _root(c.args[0]) in package and isinstance(c.args[1], ast.Constant)
+                   and str(c.args[1].value).startswith("_")]
+
+
+def test_private_assignments_are_found():
+    tree = ast.parse("from fedcluster_app.core import sampling\n"
+                     "import fedcluster_app.core.client.batched as batched\n"
+                     "sampling._compiled = 1\nbatched.kernels._x, y = 2, 3\n"
+                     "setattr(sampling, '_CALLS', 0)\nself._own = sampling\n"
+                     "sampling.LOOP_FIRST_CALLS = 0\n")
+    assert _private_assignments(tree) == ["sampling._compiled", "batched.kernels._x",
+                                          "setattr(sampling, '_CALLS', 0)"]
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_script_keeps_the_harness_rules(script):
     """One harness: a script's command line comes from ``harness.parser`` (the shared flags
     declared once), its runs from ``harness.run_many`` (the package's process pool); it never
-    edits ``sys.path`` and imports no private name."""
+    edits ``sys.path``, imports no private name and assigns none of the package's."""
     tree = ast.parse(script.read_text())
     assert not _calls(tree, "ArgumentParser"), "build the parser with harness.parser"
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "path"
@@ -184,6 +218,8 @@ def test_every_script_keeps_the_harness_rules(script):
     private += [a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                 for a in n.names if any(part.startswith("_") for part in a.name.split(".")[1:])]
     assert not private, f"private names imported: {private}"
+    patched = _private_assignments(tree)
+    assert not patched, f"private attributes of the package assigned: {patched}"
     is_script = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)
                     for n in tree.body)
     if is_script:
