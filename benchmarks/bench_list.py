@@ -1,11 +1,11 @@
 """Wall time of every `fedcluster list` form, each in a fresh process (as a user runs it).
 
 `fedcluster list` reads only the families' catalogues (no torch, no numpy), so every built-in
-form should answer well under the limit (1 s). Prints, per form, the median of --repeat runs
+form should answer well under the limit (1 s). Prints, per form, the median of --repeats runs
 and its ratio to the limit, with the machine's load average before and after (a loaded machine
 slows every form alike); exits 1 if a form is over the limit.
 
-    python benchmarks/bench_list.py [--repeat 3] [--limit 1.0] [--jsonl FILE]
+    python benchmarks/bench_list.py [--repeats 3] [--limit 1.0] [--jsonl FILE]
 """
 
 from __future__ import annotations

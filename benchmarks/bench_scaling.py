@@ -8,7 +8,7 @@ start-up (imports, data) is left out. The last column is the time per client-rou
 the smallest size: 1.0 means linear scaling.
 
     python benchmarks/bench_scaling.py [--clients 100 1000 10000] [--rounds 3] [--unbatched]
-        [--out docs/operations/performance_scaling.jsonl]
+        [--jsonl docs/operations/performance_scaling.jsonl [--append]]
 """
 
 from __future__ import annotations
@@ -47,8 +47,7 @@ print(json.dumps({"clients": n, "batched": batch, "rounds": rounds, "status": su
 
 
 def main() -> None:
-    ap = parser(__doc__, jsonl="one per size and mode", append=True,
-                renamed={"--out": ("--append", "--jsonl")})
+    ap = parser(__doc__, jsonl="one per size and mode", append=True)
     ap.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--unbatched", action="store_true", help="also one client after the other")

@@ -1,9 +1,9 @@
 """Run several strategies x seeds on one scenario in-process and print the comparison table.
 
     python benchmarks/compare_strategies.py --scenario circle2 --strategies fedavg ifca oracle \
-        --seeds 0 1 2 --out runs/compare-circle2 [--set key=value ...] [--jsonl FILE]
+        --seeds 0 1 2 --runs-dir runs/compare-circle2 [--set key=value ...] [--jsonl FILE]
 
-Each run leaves its own results directory under --out; the table is `fedcluster report` over
+Each run leaves its own results directory under --runs-dir; the table is `fedcluster report` over
 them (the per-(strategy, scenario) block gives mean +- std over seeds). ``--jsonl`` also writes
 one JSON line per run: its summary (scalars only) with the settings it ran with.
 """
@@ -20,8 +20,7 @@ from fedcluster_app.engine import run_inprocess
 
 def main() -> None:
     ap = parser(__doc__, jsonl="one per run", seeds=[0, 1, 2],
-                strategies=["fedavg", "ifca", "oracle"], overrides=True,
-                renamed={"--out": ("--runs-dir",)})
+                strategies=["fedavg", "ifca", "oracle"], overrides=True)
     ap.add_argument("--scenario", default="circle2")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs/compare"))
     args = ap.parse_args()

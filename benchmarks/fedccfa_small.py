@@ -107,8 +107,7 @@ def run_one(setting: str, method: str, seed: int, root: Path, scenario: str = ""
 
 
 def main(argv=None) -> int:
-    ap = parser(__doc__, jsonl="one per run, written as it ends", append=True, seeds=[0, 1, 2],
-                renamed={"--json": ("--append", "--jsonl"), "--out": ("--runs-dir",)})
+    ap = parser(__doc__, jsonl="one per run, written as it ends", append=True, seeds=[0, 1, 2])
     ap.add_argument("--settings", nargs="+", default=["none", "sudden"], choices=list(SCENARIOS))
     ap.add_argument("--methods", nargs="+", default=["fedavg", "fedrep", "fedccfa"],
                     choices=list(VARIANTS))

@@ -13,7 +13,8 @@ The per-run results (JSON lines) go to ``--jsonl`` (``--append``: after the rows
 batched at least 5x unbatched per run.
 
     python benchmarks/feddrift_grid.py [--dataset circle2] [--rounds 100] [--local-steps 50]
-        [--seed 0] [--methods ...] [--out docs/operations/performance_feddrift_grid.jsonl]
+        [--seed 0] [--methods ...] [--jsonl docs/operations/performance_feddrift_grid.jsonl
+        [--append]]
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ class DrawsClock(CompiledClock):
         # the compiled fresh_draws calls replay and seed_state itself, and Numba compiles a
         # function against its module's globals, so the module keeps its own; core/sampling.py,
         # their only caller from Python, gets a stand-in module holding the timed ones
-        from fedcluster_app.core import sampling
+        from fedcluster_app.core.sampling import use_compiled_draws
 
-        sampling._compiled = _WithStandIns(compiled, timed)
+        use_compiled_draws(_WithStandIns(compiled, timed))
 
 
 class _WithStandIns:
@@ -126,8 +127,7 @@ def grid_minutes(cpu_s: float) -> float:
 
 
 def main() -> None:
-    ap = parser(__doc__, jsonl="one per run, written as it ends", append=True,
-                renamed={"--out": ("--append", "--jsonl")})
+    ap = parser(__doc__, jsonl="one per run, written as it ends", append=True)
     ap.add_argument("--dataset", default="circle2")
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--local-steps", type=int, default=50)

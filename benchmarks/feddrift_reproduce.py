@@ -9,7 +9,7 @@ spread over ``--workers`` processes. Finished runs are reused (their summary.jso
 an interrupted reproduction continues where it stopped.
 
     python benchmarks/feddrift_reproduce.py --rounds 100 --seeds 0 1 2 --workers 2 \\
-        --out docs/feddrift/feddrift_table.md
+        --report docs/feddrift/feddrift_table.md
 
 writes a markdown table: ours (mean +- std over seeds, omitting drift steps; and including
 them) beside the paper's numbers, plus seconds per run.
@@ -134,7 +134,7 @@ def _with_steps(summary: dict, cfg: dict) -> dict:
 
 def main() -> None:
     ap = parser(__doc__, jsonl="one per run (the raw results)", append=True, seeds=[0, 1, 2],
-                workers=1, overrides=True, renamed={"--out": ("--report",)})
+                workers=1, overrides=True)
     ap.add_argument("--rounds", type=int, default=100, help="rounds per time step R (paper: 100)")
     ap.add_argument("--local-steps", type=int, default=50, help="local Adam steps K (paper: 50)")
     ap.add_argument("--data-seed", type=int, default=0)

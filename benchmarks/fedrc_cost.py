@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     ap = parser(__doc__, jsonl="one per strategy (every run's seconds per round, the median)",
-                repeats=3, strategies=["fedavg", "fedrc", "fedem"],
-                renamed={"--repeat": ("--repeats",)})
+                repeats=3, strategies=["fedavg", "fedrc", "fedem"])
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
     load_start = load_average()

@@ -148,9 +148,7 @@ def report(rows: list[dict], seeds: list[int], rounds: int, command: str) -> str
 def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__, jsonl="one per run (the rows the report is computed from)",
                 seeds=[0, 1, 2], workers=max(1, min(2, os.cpu_count() or 1)),
-                strategies=METHODS, overrides=True,
-                renamed={"--jobs": ("--workers",), "--methods": ("--strategies",),
-                         "--out": ("--runs-dir",)})
+                strategies=METHODS, overrides=True)
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--scenarios", nargs="+", default=SCENARIOS)
     ap.add_argument("--runs-dir", default="runs/fedrc-small")

@@ -86,8 +86,7 @@ def load() -> str:
 
 
 def main() -> None:
-    ap = parser(__doc__, jsonl="one per engine", repeats=3,
-                renamed={"--repeat": ("--repeats",)})
+    ap = parser(__doc__, jsonl="one per engine", repeats=3)
     ap.add_argument("--clients", type=int, default=5078)
     ap.add_argument("--labels", type=int, default=100)
     ap.add_argument("--k-min", type=int, default=2)

@@ -111,7 +111,7 @@ def _paper_units(method: str, cfg: dict, recs: list[dict]) -> dict:
 def main() -> int:
     ap = parser(__doc__, jsonl="one per run", append=True, seeds=[1, 2, 3, 4], workers=2,
                 strategies=["flexcfl-fedavg", "fedgroup", "flexcfl", "flexcfl-ifca"],
-                overrides=True, renamed={"--methods": ("--strategies",), "--out": ("--runs-dir",)})
+                overrides=True)
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--k", type=int, default=20, help="clients per round")

@@ -1,7 +1,8 @@
 """The benchmark scripts' harness: their shared flags, their raw rows and their process pool.
 
 Every script builds its command line with :func:`parser`, which declares the flags the scripts
-share once, with one name for one thing:
+share once, with one name for one thing (a flag is taken by that name only: never abbreviated,
+no former names):
 
 * ``--jsonl FILE``: the raw rows, one JSON line per measurement (every table in docs/ has its
   raw rows committed beside it), and ``--append`` to add them after the rows already there;
@@ -37,43 +38,29 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ------------------------------------------------------------------------------ flags
 class Parser(argparse.ArgumentParser):
-    """An argument parser that still takes a flag's former name where a recorded command in the
-    docs uses it, with a note on stderr naming the new one; ``argv`` is the command line it
-    parsed, in the new names (what a script records as the command that made its rows)."""
+    """An argument parser that takes each flag by its one name, never abbreviated (a former
+    name, such as ``--out`` or ``--methods`` where the harness now says ``--jsonl`` or
+    ``--strategies``, is an unrecognised argument); ``argv`` is the command line it parsed
+    (what a script records as the command that made its rows)."""
 
-    def __init__(self, *args: Any, renamed: dict[str, tuple[str, ...]] | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.renamed = renamed or {}
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
         self.argv: list[str] = []
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        argv = list(sys.argv[1:] if args is None else args)
-        out: list[str] = []
-        for token in argv:
-            name, eq, value = token.partition("=")
-            if name in self.renamed:
-                new = self.renamed[name]
-                print(f"note: {name} is now {' '.join(new)}", file=sys.stderr)
-                out += [*new[:-1], new[-1] + eq + value] if eq else list(new)
-            else:
-                out.append(token)
-        self.argv = out
-        return super().parse_known_args(out, namespace)
+        self.argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(self.argv, namespace)
 
 
 def parser(doc: str | None, *, jsonl: str | None = None, append: bool = False,
            seeds: list[int] | None = None, repeats: int | None = None,
            repeats_help: str = "repetitions of the measurement",
            workers: int | None = None, strategies: list[str] | None = None,
-           overrides: bool = False,
-           renamed: dict[str, tuple[str, ...]] | None = None) -> Parser:
+           overrides: bool = False) -> Parser:
     """A script's parser with the shared flags it asks for: ``jsonl`` (the help line: what one
     row is), ``append``, and the defaults of ``seeds``, ``repeats``, ``workers`` and
-    ``strategies``; ``overrides`` adds ``--set``. ``renamed``: a former flag name and the
-    tokens that replace it, kept only while a recorded command in the docs uses it."""
-    ap = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
-                renamed=renamed)
+    ``strategies``; ``overrides`` adds ``--set``."""
+    ap = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if jsonl is not None:
         ap.add_argument("--jsonl", default="", metavar="FILE",
                         help=f"write the raw rows here: {jsonl}")

@@ -249,6 +249,27 @@ def test_a_job_counts_its_model_state_and_activations_in_the_memory_budget():
     assert batched.activation_bytes(cnn, 32) > 10 * 32 * 28 * 28 * 4
 
 
+def test_the_size_probe_tells_a_watcher_its_module_calls_are_no_clients():
+    """batched.in_size_probe(): true in the probe's forward pass (a CPU pass that measures a
+    stacked program, which a count of the clients' module calls per device leaves out),
+    false in a client's and after it."""
+    import torch
+
+    from fedcluster_app.core.client import batched
+
+    seen = []
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, inputs: seen.append(batched.in_size_probe()))
+    try:
+        batched.activation_bytes(dataclasses.replace(SPEC, hidden=11), 7)   # not cached yet
+        probe, seen[:] = list(seen), []
+        batched.cached_model(SPEC, "cpu")(torch.zeros(2, 5))    # as a client trains
+    finally:
+        hook.remove()
+    assert probe and all(probe) and seen and not any(seen)
+    assert batched.in_size_probe() is False
+
+
 def test_a_stacked_program_out_of_gpu_memory_splits_in_halves(monkeypatch):
     import torch
 

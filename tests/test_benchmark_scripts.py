@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def test_reproduce_script_runs_with_set_and_writes_its_rows(tmp_path):
     out = _run("feddrift_reproduce.py", "--rounds", "1", "--local-steps", "2", "--seeds", "0",
                "--datasets", "circle2", "--methods", "IFCA-W", "--runs-dir", str(tmp_path / "r"),
                "--set", "feddrift-baselines.ifca-choice=loss", "--jsonl", str(rows),
-               "--out", str(tmp_path / "t.md"))
+               "--report", str(tmp_path / "t.md"))
     (row,) = [json.loads(line) for line in rows.read_text().splitlines()]
     assert row["method"] == "IFCA-W" and row["status"] == "completed"
     assert row["set"] == {"feddrift-baselines.ifca-choice": "loss"}
@@ -167,11 +168,45 @@ def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
             and (getattr(n.func, "id", None) == name or getattr(n.func, "attr", None) == name)]
 
 
+def _root(node: ast.AST) -> str | None:
+    """``a`` of ``a.b.c``."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return getattr(node, "id", None)
+
+
+def _private_assignments(tree: ast.AST) -> list[str]:
+    """Assignments (and deletions) of a private attribute of something the script imported
+    from the package: ``module._name = ...``, ``module.sub._name = ...``, ``setattr(module,
+    "_name", ...)``. A private name is no switch: the package declares a public one."""
+    package = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+               and (n.module or "").split(".")[0] == "fedcluster_app" for a in n.names}
+    package |= {a.asname or a.name.split(".")[0] for n in ast.walk(tree)
+                if isinstance(n, ast.Import) for a in n.names
+                if a.name.split(".")[0] == "fedcluster_app"}
+    hits = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.ctx, (ast.Store, ast.Del)) and n.attr.startswith("_")
+            and _root(n) in package]
+    return hits + [ast.unparse(c) for c in _calls(tree, "setattr") if len(c.args) > 1
+                   and _root(c.args[0]) in package and isinstance(c.args[1], ast.Constant)
+                   and str(c.args[1].value).startswith("_")]
+
+
+def test_private_assignments_are_found():
+    tree = ast.parse("from fedcluster_app.core import sampling\n"
+                     "import fedcluster_app.core.client.batched as batched\n"
+                     "sampling._compiled = 1\nbatched.kernels._x, y = 2, 3\n"
+                     "setattr(sampling, '_CALLS', 0)\nself._own = sampling\n"
+                     "sampling.LOOP_FIRST_CALLS = 0\n")
+    assert _private_assignments(tree) == ["sampling._compiled", "batched.kernels._x",
+                                          "setattr(sampling, '_CALLS', 0)"]
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_every_script_keeps_the_harness_rules(script):
     """One harness: a script's command line comes from ``harness.parser`` (the shared flags
     declared once), its runs from ``harness.run_many`` (the package's process pool); it never
-    edits ``sys.path`` and imports no private name."""
+    edits ``sys.path``, imports no private name and assigns none of the package's."""
     tree = ast.parse(script.read_text())
     assert not _calls(tree, "ArgumentParser"), "build the parser with harness.parser"
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "path"
@@ -183,6 +218,8 @@ def test_every_script_keeps_the_harness_rules(script):
     private += [a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                 for a in n.names if any(part.startswith("_") for part in a.name.split(".")[1:])]
     assert not private, f"private names imported: {private}"
+    patched = _private_assignments(tree)
+    assert not patched, f"private attributes of the package assigned: {patched}"
     is_script = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)
                     for n in tree.body)
     if is_script:
@@ -193,19 +230,75 @@ def test_every_script_keeps_the_harness_rules(script):
             "a script builds its command line with harness.parser"
 
 
+#: each script's flags, from the usage line of the parser it builds (the script stops there),
+#: all in one process (the package imported once)
+FLAGS = r"""
+import argparse, json, os, re, runpy, sys
+
+class Built(Exception):
+    pass
+
+def stop(self, args=None, namespace=None):
+    raise Built(self.format_usage())
+
+argparse.ArgumentParser.parse_known_args = stop
+out = {}
+for path in sys.argv[1:]:
+    sys.path.insert(0, os.path.dirname(path))    # as `python benchmarks/NAME.py` has it
+    sys.argv = [path]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except Built as usage:
+        out[path] = sorted(set(re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", str(usage))))
+print(json.dumps(out))
+"""
+
+
+def _documented_commands() -> list[tuple[str, str, str]]:
+    """``(file, script, its arguments)`` of every ``python benchmarks/NAME.py ...`` command in
+    the README, docs/ and the scripts' own docstrings (continued lines joined)."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *SCRIPTS]:
+        text = path.read_text()
+        for m in re.finditer(r"python3? benchmarks/(\w+\.py)", text):
+            end = m.end()
+            while end < len(text) and text[end] not in "`\n|;&>)\"'":
+                end += 2 if text[end:end + 2] == "\\\n" else 1
+            found.append((path.relative_to(ROOT).as_posix(), m.group(1), text[m.end():end]))
+    return found
+
+
+def test_documented_benchmark_commands_use_the_scripts_own_flags():
+    """Every flag of a documented benchmark command is one its script declares, by its one
+    name: the harness refuses former names and abbreviations, so a page that still used one
+    would hand its reader a command that fails."""
+    commands = [c for c in _documented_commands() if (BENCH / c[1]).is_file()]
+    scripts = sorted({BENCH / script for _, script, _ in commands})
+    done = subprocess.run([sys.executable, "-c", FLAGS, *map(str, scripts)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    flags = {Path(k).name: set(v) for k, v in json.loads(done.stdout.splitlines()[-1]).items()}
+    assert set(flags) == {p.name for p in scripts}, "a script built no parser"
+    unknown = [f"{where}: {script} {flag}" for where, script, args in commands
+               for flag in re.findall(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)", args)
+               if flag not in flags[script]]
+    assert len(commands) > 100 and not unknown, "\n".join(unknown)
+
+
 def test_harness_flags_rows_and_pool(tmp_path, capsys):
     harness = _bench_module("harness")
     ap = harness.parser("doc", jsonl="one per run", append=True, seeds=[0], workers=1,
-                        repeats=3, strategies=["fedavg"], overrides=True,
-                        renamed={"--out": ("--append", "--jsonl"), "--jobs": ("--workers",)})
-    args = ap.parse_args(["--out=x.jsonl", "--jobs", "2", "--set", "a=1", "b=2", "--set", "c=x"])
+                        repeats=3, strategies=["fedavg"], overrides=True)
+    argv = ["--append", "--jsonl=x.jsonl", "--workers", "2", "--set", "a=1", "b=2", "--set", "c=x"]
+    args = ap.parse_args(argv)
     assert (args.jsonl, args.append, args.workers, args.seeds) == ("x.jsonl", True, 2, [0])
     assert harness.assignments(args.set) == {"a": 1, "b": 2, "c": "x"}
-    assert ap.argv == ["--append", "--jsonl=x.jsonl", "--workers", "2", "--set", "a=1", "b=2",
-                       "--set", "c=x"]
-    assert "--out is now --append --jsonl" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        ap.parse_args(["--runs", "2"])         # an unknown flag stays an error
+    assert ap.argv == argv
+    # one name for one thing: the former names and abbreviations are unknown flags
+    for former in ("--out", "--jobs", "--json", "--repeat", "--strat", "--runs"):
+        with pytest.raises(SystemExit):
+            ap.parse_args([former, "2"])
+        assert f"unrecognized arguments: {former} 2" in capsys.readouterr().err
     # timing rows get the machine; a row stamped already keeps its own stamp
     rows = tmp_path / "sub" / "rows.jsonl"
     harness.write_rows(rows, [{"s": 1.0}, {"s": 2.0, "load_end": [9.0]}], load_start=[0.5])

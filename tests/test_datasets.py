@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import math
 import pickle
@@ -14,6 +16,7 @@ from fedcluster_app.core.data import (
     DRIFT_PATTERNS,
     SCENARIO_NAMES,
     Scenario,
+    ScenarioSpec,
     StepData,
     build_scenario,
     bundled_schedule,
@@ -49,7 +52,7 @@ Y_FIRST_B = [7, 4, 5, 5, 9, 5, 7, 4, 6, 9]
 
 def fresh(s: Scenario) -> Scenario:
     """An uncached rebuild of ``s`` (as another process would build it)."""
-    return scen_mod._build_cached.__wrapped__(*s._params)
+    return scen_mod._build_cached.__wrapped__(s.spec)
 
 
 def write_cp(path: Path, rows: list[str]) -> Path:
@@ -242,6 +245,59 @@ def test_pickle_roundtrip_returns_same_scenario():
     t = pickle.loads(pickle.dumps(s))
     assert t.params == s.params
     np.testing.assert_array_equal(t.step_data(4, 4).x_train, s.step_data(4, 4).x_train)
+
+
+def test_scenario_spec_names_the_resolved_build_arguments():
+    s = build_scenario("digits-swap", seed=1, partition="pathological")
+    spec = s.spec
+    assert isinstance(spec, ScenarioSpec) and s.params == spec.arguments()
+    # the scenario defaults resolved: sizes, alpha, and 2 classes per client for pathological
+    assert (spec.samples_per_step, spec.test_samples) == (s.samples_per_step, s.test_samples)
+    assert spec.dirichlet_alpha == 1.0 and spec.pool.classes_per_client == 2
+    assert spec.pool.test_fraction == 0.0      # digits has its own test split
+    assert scen_mod._build_cached(spec) is s
+    same = build_scenario(" Digits-Swap ", seed=1, partition="Pathological", classes_per_client=2,
+                          samples_per_step=s.samples_per_step)
+    assert same.spec == spec and hash(same.spec) == hash(spec) and same is s
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.seed = 2   # type: ignore[misc]
+
+
+def test_build_scenario_takes_the_run_configs_data_settings(tmp_path):
+    """The run path hands over the config's data group: the same spec, and so the same cached
+    object, as the keywords, although DataSettings states classes-per-client 2 and
+    test-fraction 0.25 where the keywords leave 0 ("the scenario's default")."""
+    from fedcluster_app.core.config import DataSettings
+
+    path = tmp_path / "user.npz"
+    rng = np.random.default_rng(0)
+    np.savez(path, x=rng.normal(size=(120, 4)).astype(np.float32), y=np.arange(120) % 3)
+    for name, given in (("mixture-swap", dict(num_clients=7, samples_per_step=50)),
+                        ("digits-swap", dict(partition="pathological")),
+                        ("dataset-permute", dict(dataset=f"npz:{path}")),
+                        ("digits-ccfa", dict(num_steps=4)), ("shifts-3", {})):
+        s = build_scenario(name, seed=2, **given)
+        assert build_scenario(name, DataSettings(**given), seed=2) is s, name
+    assert build_scenario("dataset-permute", DataSettings(dataset=f"npz:{path}")
+                          ).spec.pool.test_fraction == 0.25
+
+
+def test_build_scenario_refuses_keywords_beside_data_settings():
+    from fedcluster_app.core.config import DataSettings
+
+    with pytest.raises(ValueError, match="and also num_clients; set it in the data settings"):
+        build_scenario("mixture-swap", DataSettings(num_clients=4), num_clients=5)
+    with pytest.raises(TypeError, match="must be a DataSettings .*got dict"):
+        build_scenario("mixture-swap", {"num_clients": 5})
+
+
+def test_data_settings_are_build_scenarios_keywords():
+    """One list of data settings: the run config's data group holds build_scenario's keywords
+    (the data seed is the run's, given beside it)."""
+    from fedcluster_app.core.config import DataSettings
+
+    keywords = set(inspect.signature(build_scenario).parameters) - {"name", "data", "seed"}
+    assert {f.name for f in dataclasses.fields(DataSettings)} == keywords
 
 
 # ----------------------------------------------------------------------------------- schedules

@@ -28,7 +28,7 @@ LABELS = ("original", "concentrated", "noise", "permuted")
 
 def fresh(s):
     """An uncached rebuild of ``s`` (as another process would build it)."""
-    return scen_mod._build_cached.__wrapped__(*s._params)
+    return scen_mod._build_cached.__wrapped__(s.spec)
 
 
 def expected_sudden(p: int, t: int, d: int) -> np.ndarray:

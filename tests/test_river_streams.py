@@ -44,7 +44,7 @@ def stagger_rule(function: int, x: np.ndarray) -> np.ndarray:
 def fresh(name: str, **kw):
     """An uncached rebuild, as another process would build it."""
     s = build_scenario(name, **kw)
-    return scen_mod._build_cached.__wrapped__(*s._params)
+    return scen_mod._build_cached.__wrapped__(s.spec)
 
 
 # ------------------------------------------------------------------------------ registry

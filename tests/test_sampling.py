@@ -181,6 +181,34 @@ def test_round_draws_equal_a_fresh_generators_numpy_calls(compiled_loaded, monke
             assert (int(g[2]) << 64 | int(g[3])) == bits.state["state"]["inc"]
 
 
+def test_the_draws_call_the_compiled_module_they_are_given(monkeypatch):
+    """use_compiled_draws(module): the draws call that module's functions (a benchmark's timed
+    wrappers of compiled_rng's), and draw the same numbers; without one it loads compiled_rng."""
+    from fedcluster_app.core import compiled_rng
+    from fedcluster_app.core.training import round_draws
+
+    monkeypatch.setattr(sampling, "_compiled", None)     # restored after the test
+    calls = []
+
+    class Timed:
+        def __getattr__(self, name):
+            def call(*args):
+                calls.append(name)
+                return getattr(compiled_rng, name)(*args)
+            return call
+
+    sampling.use_compiled_draws(Timed())
+    cfg = TrainConfig(local_steps=5, batch_size=8)
+    rows, batches = round_draws((1, 2, 3), 300, cfg, bootstrap=True)
+    want_rows, want = _numpy_round_draws((1, 2, 3), 300, cfg, True)
+    assert np.array_equal(rows, want_rows) and all(map(np.array_equal, batches, want))
+    assert calls == ["fresh_draws"]
+    sampling.seeded(4, 5)
+    assert calls == ["fresh_draws", "seed_state"]
+    sampling.use_compiled_draws()
+    assert sampling._compiled is compiled_rng
+
+
 def test_round_draws_in_epochs_and_without_data_go_through_numpy():
     """Whole epochs (local-steps = 0) and an empty client draw as before."""
     from fedcluster_app.core.training import round_draws

@@ -398,10 +398,6 @@ class RunConfig(ResultSettings, DefenceSettings, FederationSettings, ModelSettin
         """The data settings: what the scenario is built from."""
         return DataSettings(**{f.name: getattr(self, f.name) for f in _DATA_FIELDS})
 
-    def scenario_kwargs(self) -> dict[str, Any]:
-        """Arguments of ``datasets.build_scenario`` taken from this config."""
-        return dict(seed=self.effective_data_seed, **dataclasses.asdict(self.data))
-
 
 _DATA_FIELDS = dataclasses.fields(DataSettings)
 

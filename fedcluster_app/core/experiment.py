@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -101,10 +101,10 @@ _LAST: dict[tuple[int, bool], tuple[dict, dict, Experiment]] = {}
 @lru_cache(maxsize=16)
 def _load(items: tuple[tuple[str, ConfigValue], ...], server: bool) -> Experiment:
     cfg, applied = apply_protocol(parse_run_config(dict(items)))
-    kwargs = cfg.scenario_kwargs()
-    if server and not (kwargs["data_dir"] and Path(str(kwargs["data_dir"])).is_dir()):
-        kwargs["data_dir"] = METADATA_ONLY
-    scenario = build_scenario(cfg.scenario, **kwargs)
+    data = cfg.data
+    if server and not (data.data_dir and Path(data.data_dir).is_dir()):
+        data = replace(data, data_dir=METADATA_ONLY)
+    scenario = build_scenario(cfg.scenario, data, seed=cfg.effective_data_seed)
     spec = model_spec(cfg, scenario)
     if spec.custom:
         check_model(spec)   # a user's model: import, output shape and weights, before round 1

@@ -33,7 +33,20 @@ from numpy.random.bit_generator import ISeedSequence
 #: message) would pay for a few milliseconds of draws; both give the same minibatches
 LOOP_FIRST_CALLS = 20
 _CALLS = 0
+#: the compiled draws (``compiled_rng``) once loaded, a module global: an import statement per
+#: call costs ~2%
 _compiled = None
+
+
+def use_compiled_draws(module: object = None) -> None:
+    """Load the compiled draws now (``compiled_rng``, else loaded on first use), or give the
+    draws ``module`` in their place: an object with ``compiled_rng``'s ``seed_state``,
+    ``fresh_draws`` and ``replay`` (``benchmarks/feddrift_grid.py`` passes timed wrappers of
+    them, to clock the compiled arithmetic). The numbers drawn stay NumPy's either way."""
+    global _compiled
+    if module is None:
+        from fedcluster_app.core import compiled_rng as module
+    _compiled = module
 
 
 def seeded(*words: int) -> np.random.Generator:
@@ -164,8 +177,7 @@ def _replay(raw: np.ndarray, leftover: int, n: int, size: int, out: np.ndarray
             ) -> tuple[int, bool]:
     """Fill ``out`` (count x size); the words taken from ``raw`` (-1: not enough of them) and
     whether the leftover half is still unused."""
-    global _compiled
-    if _compiled is None:     # Numba, loaded on first use; a module global, since an import
-        from fedcluster_app.core import compiled_rng as _compiled   # statement per call ~2%
+    if _compiled is None:     # Numba, loaded on first use
+        use_compiled_draws()
     words, unused = _compiled.replay(raw, np.int64(leftover), np.int64(n), np.int64(size), out)
     return int(words), bool(unused)

@@ -27,6 +27,7 @@ parameters train per client.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
@@ -228,6 +229,17 @@ def activation_bytes(spec: ModelSpec, batch_size: int) -> int:
     return _forward_probe(spec, batch_size)[0]
 
 
+#: ``active`` while this thread's size probe (``_forward_probe``) runs its forward pass
+_PROBE = threading.local()
+
+
+def in_size_probe() -> bool:
+    """Whether this thread is inside the size probe: the forward pass on the CPU that measures
+    a stacked program's tensors, a module call that is no client's training. A watcher of the
+    clients' module calls (``benchmarks/bench_gpu.py`` counts them per device) leaves it out."""
+    return getattr(_PROBE, "active", False)
+
+
 @lru_cache(maxsize=32)
 def _forward_probe(spec: ModelSpec, batch_size: int) -> tuple[int, int]:
     """(bytes of the tensors one minibatch's forward pass keeps for the backward pass, and
@@ -243,8 +255,12 @@ def _forward_probe(spec: ModelSpec, batch_size: int) -> tuple[int, int]:
         largest = max(largest, t.numel())
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(x)
+    _PROBE.active = True
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(x)
+    finally:
+        _PROBE.active = False
     return saved + out.numel() * out.element_size(), max(largest, out.numel())
 
 

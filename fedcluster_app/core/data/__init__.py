@@ -24,6 +24,7 @@ _EXPORTS = {
     "load_image_dataset": "loaders",
     "DRIFT_PATTERNS": "scenarios",
     "Scenario": "scenarios",
+    "ScenarioSpec": "scenarios",
     "StepData": "scenarios",
     "build_scenario": "scenarios",
     "bundled_schedule": "schedules",

@@ -172,8 +172,9 @@ def register_scenario(name: str, description: str, builder: Callable[..., object
 
     ``kwargs`` are :func:`build_scenario`'s keyword arguments as the user gave them (``0`` /
     ``""`` = "your default"); the builder validates them (ValueError naming the problem) and
-    returns a :class:`Scenario` (or an object with the same interface) whose ``params`` are
-    those kwargs plus ``name``. Results are cached: identical arguments give the same object.
+    returns a :class:`Scenario` (or an object with the same interface) whose ``spec`` is a
+    ``ScenarioSpec`` of those kwargs and ``name`` (its ``params``, and what another process
+    rebuilds it from). Results are cached: identical arguments give the same object.
     """
     key = name.strip().lower()
     if key in _DEFS or key in _EXTRA:

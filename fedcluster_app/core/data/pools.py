@@ -8,6 +8,7 @@ and how it is shared across clients (``partition.py``). Other scenarios refuse t
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,11 +18,32 @@ import numpy as np
 from fedcluster_app.core.data.catalogue import _DEFS, METADATA_ONLY, ScenarioDef, reads_dataset
 from fedcluster_app.core.data.drift import ClassRealisation, ImageSource
 
-# the pool-only arguments (user data, partition) and their "scenario default" values
-POOL_DEFAULTS = {"dataset": "", "partition": "", "disjoint": False, "classes_per_client": 0,
-                  "test_fraction": 0.0, "num_classes": 0, "input_shape": "",
-                  "label_column": "", "feature_columns": "", "partition_column": "",
-                  "dataset_args": "", "remap_labels": False, "oversample": False}
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """The pool-only arguments of a scenario (user data, partition), resolved and checked
+    (``pool_args``): part of a scenario's :class:`~fedcluster_app.core.data.scenarios.ScenarioSpec`.
+    The defaults are the "scenario default" of each argument, and what a scenario that is not
+    a pool family holds: ``classes_per_client`` is resolved only for the pathological partition
+    (0 otherwise), ``test_fraction`` only for a user's pool (0.0 otherwise)."""
+
+    dataset: str = ""
+    partition: str = ""
+    disjoint: bool = False
+    classes_per_client: int = 0
+    test_fraction: float = 0.0
+    num_classes: int = 0
+    input_shape: str = ""
+    label_column: str = ""
+    feature_columns: str = ""
+    partition_column: str = ""
+    dataset_args: str = ""
+    remap_labels: bool = False
+    oversample: bool = False
+
+
+# the pool-only arguments and their "scenario default" values
+POOL_DEFAULTS = dataclasses.asdict(PoolSpec())
 #: the arguments that say how to read the user's dataset (only ``dataset-*`` reads them)
 READ_ARGS = ("label_column", "feature_columns", "partition_column", "dataset_args",
              "remap_labels")
@@ -118,8 +140,9 @@ def input_shape_arg(value: object) -> tuple[int, ...]:
     return shape
 
 
-def pool_args(d: ScenarioDef, args: dict) -> tuple:
-    """The canonical pool arguments of ``d`` (``POOL_DEFAULTS`` order), checked."""
+def pool_args(d: ScenarioDef, args: dict) -> PoolSpec:
+    """The canonical pool arguments of ``d``, checked (``args``: every name of
+    ``POOL_DEFAULTS``, as the user gave it)."""
     v = {name: _pool_value(name, args[name]) for name in POOL_DEFAULTS}
     if d.data == "dataset":
         if not v["dataset"]:
@@ -170,7 +193,7 @@ def pool_args(d: ScenarioDef, args: dict) -> tuple:
         v["test_fraction"] = float(tf)
     else:
         v["test_fraction"] = 0.0
-    return tuple(v[name] for name in POOL_DEFAULTS)
+    return PoolSpec(**v)
 
 
 @dataclass(frozen=True)
@@ -184,23 +207,24 @@ class PoolInfo:
     data: object | None  # sources.UserData
 
 
-def read_options(label_column: str = "", feature_columns: str = "", partition_column: str = "",
-                 dataset_args: str = "", remap_labels: bool = False):
-    """The canonical pool arguments of ``READ_ARGS`` as ``tables.ReadOptions``."""
+def read_options(pool: PoolSpec):
+    """The arguments of ``READ_ARGS`` (how to read the user's dataset) as
+    ``tables.ReadOptions``."""
     from fedcluster_app.core.data import tables
 
-    return tables.ReadOptions(label_column, tables.column_names(feature_columns),
-                              partition_column, tables.dataset_args(dataset_args),
-                              bool(remap_labels))
+    return tables.ReadOptions(pool.label_column, tables.column_names(pool.feature_columns),
+                              pool.partition_column, tables.dataset_args(pool.dataset_args),
+                              bool(pool.remap_labels))
 
 
-def user_pool_info(d: ScenarioDef, dataset: str, seed: int, test_fraction: float,
-                   num_classes: int, input_shape: str, data_dir: str, read=None) -> PoolInfo:
-    """``read``: the ``tables.ReadOptions`` of the run config (``read_options``)."""
+def user_pool_info(d: ScenarioDef, pool: PoolSpec, seed: int, data_dir: str) -> PoolInfo:
+    """The pool of a user's dataset or a River table, read as ``pool`` says (unless this
+    process cannot read it: ``data_dir = METADATA_ONLY``)."""
     import fedcluster_app.core.data.sources as sources
 
-    read = read or sources.ReadOptions()
-    spec = dataset if d.data == "dataset" else "river:" + d.data.split(":", 1)[1]
+    read = read_options(pool)
+    num_classes, input_shape = pool.num_classes, pool.input_shape
+    spec = pool.dataset if d.data == "dataset" else "river:" + d.data.split(":", 1)[1]
     shape = input_shape_arg(input_shape)
     if data_dir == METADATA_ONLY and not sources.spec_is_readable(spec):
         if not (num_classes and shape):
@@ -209,7 +233,7 @@ def user_pool_info(d: ScenarioDef, dataset: str, seed: int, test_fraction: float
                 f"dataset {spec!r}; set the run-config keys num-classes and input-shape (e.g. "
                 f"\"1,28,28\" or \"18\") so that it knows the model without the data")
         return PoolInfo(num_classes, shape, len(shape) == 3, None)
-    data = sources.load_user_data(spec, seed, test_fraction, read, num_classes)
+    data = sources.load_user_data(spec, seed, pool.test_fraction, read, num_classes)
     c = data.num_classes
     if num_classes:
         if num_classes < c:

@@ -95,6 +95,8 @@ input shape from ``num_classes`` / ``input_shape`` (run-config ``num-classes`` /
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 import operator
 import os
@@ -109,7 +111,7 @@ from typing import Any
 import numpy as np
 
 import fedcluster_app.core.data.schedules as sch
-from fedcluster_app.core.config import suggest
+from fedcluster_app.core.config import DataSettings, suggest
 from fedcluster_app.core.data.catalogue import (
     _DEFS,
     _EXTRA,
@@ -141,12 +143,11 @@ from fedcluster_app.core.data.generators import (
     torchvision_pools,
 )
 from fedcluster_app.core.data.pools import (
-    POOL_DEFAULTS,
+    PoolSpec,
     check_not_pool,
     nonneg_int,
     partitioned,
     pool_args,
-    read_options,
     user_pool_info,
     user_source,
 )
@@ -158,6 +159,7 @@ from fedcluster_app.core.data.river_streams import river_concepts
 __all__ = [
     "DRIFT_PATTERNS",
     "Scenario",
+    "ScenarioSpec",
     "StepData",
     "build_scenario",
     "short_clients_line",
@@ -409,6 +411,39 @@ def _resolve_schedule_source(schedule: str) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------- Scenario
 
 
+@dataclass(frozen=True)
+class ScenarioSpec:
+    """A scenario's build arguments by name: what any process rebuilds it from (pickling),
+    the key of the builder's cache and the scenario's ``params``.
+
+    ``build_scenario`` resolves them for the scenarios of the standard catalogue: the name
+    normalised, every "scenario default" (0 / "") of ``samples_per_step``, ``test_samples``
+    and ``dirichlet_alpha`` replaced by the value it stands for, a schedule's path made
+    absolute, and ``pool`` the checked pool arguments (:class:`PoolSpec`). A registered
+    scenario's builder (``register_scenario``) gets the arguments as the user gave them and
+    resolves them itself; its spec holds them as given, with ``pool = None`` (it reads none).
+    """
+
+    name: str
+    seed: int = 0
+    num_clients: int = 0
+    num_steps: int = 0
+    samples_per_step: int = 0
+    test_samples: int = 0
+    schedule: str = ""
+    drift_pattern: str = ""
+    drift_step: int = 0
+    dirichlet_alpha: float = 0.0
+    data_dir: str = ""
+    pool: PoolSpec | None = None
+
+    def arguments(self) -> dict[str, object]:
+        """Every argument by name, the pool's among them (``build_scenario``'s keywords and
+        ``name``)."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name != "pool"}
+        return {**own, **(dataclasses.asdict(self.pool) if self.pool is not None else {})}
+
 
 def concept_changes(matrix: np.ndarray) -> list[tuple[int, int, int, int]]:
     """``(step, client, old_concept, new_concept)`` for every step > 1 where a client's concept
@@ -425,8 +460,9 @@ class Scenario:
     1-based), ``num_classes``, ``num_concepts`` (concept ids are ``0..num_concepts-1``; not all
     need to occur), ``input_shape``, ``model`` ("mlp" or "cnn"), ``hidden`` (default MLP width,
     0 = unused), plus ``data_seed``, ``samples_per_step``, ``test_samples``, ``drift_pattern``
-    (the resolved schedule source), ``drift_step``, ``dirichlet_alpha``, ``concept_labels`` and
-    ``params`` (the normalised build arguments).
+    (the resolved schedule source), ``drift_step``, ``dirichlet_alpha``, ``concept_labels``,
+    ``spec`` (the normalised build arguments, :class:`ScenarioSpec`) and ``params`` (the same
+    as a dict).
 
     ``preprocessing`` says how a raw input (as the data source holds it) became what the
     model sees (``preprocessing.py``): a run's export and serving apply it to new inputs.
@@ -448,7 +484,7 @@ class Scenario:
                  realisation_factory: Callable[[], object], num_classes: int,
                  input_shape: tuple[int, ...], model: str, hidden: int, data_seed: int,
                  samples_per_step: int, test_samples: int, drift_pattern: str, drift_step: int,
-                 dirichlet_alpha: float, concept_labels: list[str], params: tuple,
+                 dirichlet_alpha: float, concept_labels: list[str], spec: ScenarioSpec,
                  holdout_clients: tuple[int, ...] = (), large_files: bool = False,
                  notes: tuple[str, ...] = (),
                  preprocessing: dict | None = NO_PREPROCESSING,
@@ -470,7 +506,8 @@ class Scenario:
         self.drift_step = int(drift_step)
         self.dirichlet_alpha = float(dirichlet_alpha)
         self.concept_labels = tuple(concept_labels[: self.num_concepts])
-        self._params = params
+        #: the build arguments it is rebuilt from (``params`` reads them by name)
+        self.spec = spec
         self.holdout_clients = tuple(sorted(int(c) for c in holdout_clients))
         if any(not 0 <= c < self.num_clients for c in self.holdout_clients):
             raise ValueError(f"holdout clients {self.holdout_clients} outside 0..{self.num_clients - 1}")
@@ -494,14 +531,15 @@ class Scenario:
     # -- identity ---------------------------------------------------------------------------
     @property
     def params(self) -> dict[str, object]:
-        return dict(zip(_PARAM_NAMES, self._params))
+        """The build arguments by name (``spec``)."""
+        return self.spec.arguments()
 
     def __repr__(self) -> str:
         return (f"Scenario({self.name!r}, clients={self.num_clients}, steps={self.num_steps}, "
                 f"concepts={self.num_concepts}, seed={self.data_seed})")
 
     def __reduce__(self):  # pickles as its build arguments; rebuilt (and cached) on load
-        return (_rebuild, (self._params,))
+        return (_rebuild, (self.spec,))
 
     # -- ground truth -----------------------------------------------------------------------
     def _check(self, client: int, step: int) -> tuple[int, int]:
@@ -680,13 +718,10 @@ def _ids(clients: dict[int, int]) -> str:
 
 # ----------------------------------------------------------------------------------- builder
 
-_PARAM_NAMES = ("name", "seed", "num_clients", "num_steps", "samples_per_step", "test_samples",
-                "schedule", "drift_pattern", "drift_step", "dirichlet_alpha", "data_dir",
-                *POOL_DEFAULTS)
-def _rebuild(params: tuple) -> Scenario:
-    if params[0] in _EXTRA:
-        return build_scenario(**dict(zip(_PARAM_NAMES, params)))
-    return _build_cached(*params)
+def _rebuild(spec: ScenarioSpec) -> Scenario:
+    if spec.name in _EXTRA:
+        return build_scenario(**spec.arguments())
+    return _build_cached(spec)
 
 
 def dirichlet_alpha_arg(value: object) -> float:
@@ -701,7 +736,8 @@ def dirichlet_alpha_arg(value: object) -> float:
     return alpha
 
 
-def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps: int = 0,
+def build_scenario(name: str, data: DataSettings | None = None, *, seed: int = 0,
+                   num_clients: int = 0, num_steps: int = 0,
                    samples_per_step: int = 0, test_samples: int = 0, schedule: str = "",
                    drift_pattern: str = "", drift_step: int = 0, dirichlet_alpha: float = 0.0,
                    data_dir: str = "", dataset: str = "", partition: str = "",
@@ -711,6 +747,11 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
                    partition_column: str = "", dataset_args: str = "",
                    remap_labels: bool = False, oversample: bool = False) -> Scenario:
     """Build (or fetch from the cache) the scenario ``name`` (see :func:`list_scenarios`).
+
+    The data settings come either as keywords or as ``data``, the run config's data group
+    (``RunConfig.data``, a :class:`~fedcluster_app.core.config.DataSettings`, whose fields are
+    these keywords; ``seed``, the run's data seed, is given beside it); a keyword set beside
+    ``data`` would be ignored, so it is refused.
 
     ``0`` / ``""`` means "the scenario's default" for every argument. ``seed`` is the data seed.
     ``schedule`` is the path of a ``.cp`` concept matrix (or a bundled FedDrift schedule name
@@ -749,41 +790,44 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
         FileNotFoundError: data_dir lacks the dataset's files.
     """
     key = str(name).strip().lower()
-    given = dict(dataset=dataset, partition=partition, disjoint=disjoint,
-                 classes_per_client=classes_per_client, test_fraction=test_fraction,
-                 num_classes=num_classes, input_shape=input_shape, label_column=label_column,
-                 feature_columns=feature_columns, partition_column=partition_column,
-                 dataset_args=dataset_args, remap_labels=remap_labels, oversample=oversample)
+    given = dict(num_clients=num_clients, num_steps=num_steps,
+                 samples_per_step=samples_per_step, test_samples=test_samples,
+                 schedule=schedule, drift_pattern=drift_pattern, drift_step=drift_step,
+                 dirichlet_alpha=dirichlet_alpha, data_dir=data_dir, dataset=dataset,
+                 partition=partition, disjoint=disjoint, classes_per_client=classes_per_client,
+                 test_fraction=test_fraction, num_classes=num_classes, input_shape=input_shape,
+                 label_column=label_column, feature_columns=feature_columns,
+                 partition_column=partition_column, dataset_args=dataset_args,
+                 remap_labels=remap_labels, oversample=oversample)
+    if data is not None:
+        given = _settings_arguments(data, given)
     if key in _EXTRA:
         check_not_pool(key, given)
-        return _EXTRA[key][1](
-            seed=seed, num_clients=num_clients, num_steps=num_steps,
-            samples_per_step=samples_per_step, test_samples=test_samples, schedule=schedule,
-            drift_pattern=drift_pattern, drift_step=drift_step, dirichlet_alpha=dirichlet_alpha,
-            data_dir=data_dir)
+        return _EXTRA[key][1](seed=seed, **{k: given[k] for k in _SHARED_ARGUMENTS})
     if key not in _DEFS:
         raise ValueError(f"unknown scenario {name!r}{suggest(key, scenario_names())}; valid "
                          f"names: {', '.join(scenario_names())}")
     d = _DEFS[key]
     seed = nonneg_int("seed", seed)
-    num_clients = nonneg_int("num_clients", num_clients)
-    num_steps = nonneg_int("num_steps", num_steps)
-    samples_per_step = nonneg_int("samples_per_step", samples_per_step)
-    test_samples = nonneg_int("test_samples", test_samples)
-    drift_step = nonneg_int("drift_step", drift_step)
-    alpha = dirichlet_alpha_arg(dirichlet_alpha)
+    num_clients = nonneg_int("num_clients", given["num_clients"])
+    num_steps = nonneg_int("num_steps", given["num_steps"])
+    samples_per_step = nonneg_int("samples_per_step", given["samples_per_step"])
+    test_samples = nonneg_int("test_samples", given["test_samples"])
+    drift_step = nonneg_int("drift_step", given["drift_step"])
+    alpha = dirichlet_alpha_arg(given["dirichlet_alpha"])
+    drift_pattern = given["drift_pattern"]
     pattern = str(drift_pattern).strip().lower()
     pattern = _PATTERN_ALIASES.get(pattern, pattern)
     if pattern and pattern not in DRIFT_PATTERNS:
         raise ValueError(f"unknown drift_pattern {drift_pattern!r}; valid: "
                          f"{', '.join(DRIFT_PATTERNS)} (or \"\" for the scenario's own schedule)")
-    schedule = str(schedule).strip()
+    schedule = str(given["schedule"]).strip()
     if schedule and pattern:
         raise ValueError("give either schedule (a .cp file) or drift_pattern, not both")
     if schedule:
         kind, ref = _resolve_schedule_source(schedule)
         schedule = ref if kind == "file" else f"bundled:{ref}"
-    data_dir = str(data_dir).strip()
+    data_dir = str(given["data_dir"]).strip()
     if d.needs_data_dir and data_dir == METADATA_ONLY:
         pass  # the server of a deployment: the data live on the devices
     elif d.needs_data_dir:
@@ -796,14 +840,37 @@ def build_scenario(name: str, *, seed: int = 0, num_clients: int = 0, num_steps:
     elif not (d.data == "dataset" and data_dir == METADATA_ONLY):  # a server may lack `dataset`
         data_dir = ""
     pool = pool_args(d, given)
-    if alpha and dict(zip(POOL_DEFAULTS, pool))["partition_column"]:
+    if alpha and pool.partition_column:
         raise ValueError("partition-column gives each client its own rows and their class "
                          "frequencies; dirichlet-alpha would be ignored (leave it 0)")
     if alpha == 0.0 or d.tabular:
         alpha = d.alpha if not d.tabular else math.inf
-    return _build_cached(key, seed, num_clients, num_steps, samples_per_step or d.samples,
-                         test_samples or d.test_samples, schedule, pattern, drift_step, alpha,
-                         data_dir, *pool)
+    return _build_cached(ScenarioSpec(
+        name=key, seed=seed, num_clients=num_clients, num_steps=num_steps,
+        samples_per_step=samples_per_step or d.samples,
+        test_samples=test_samples or d.test_samples, schedule=schedule, drift_pattern=pattern,
+        drift_step=drift_step, dirichlet_alpha=alpha, data_dir=data_dir, pool=pool))
+
+
+#: the build arguments every scenario reads (a registered scenario's builder gets these and
+#: ``seed``); the others (``ScenarioSpec.pool``) are the pool families'
+_SHARED_ARGUMENTS = tuple(f.name for f in dataclasses.fields(ScenarioSpec)
+                          if f.name not in ("name", "seed", "pool"))
+
+
+def _settings_arguments(data: DataSettings, keywords: dict[str, object]) -> dict[str, object]:
+    """``build_scenario``'s keyword arguments from ``data``; ``keywords`` (those given beside
+    it) must be left at their defaults, which they would not override."""
+    if not isinstance(data, DataSettings):
+        raise TypeError(f"build_scenario's data must be a DataSettings (the run config's data "
+                        f"group, RunConfig.data), got {type(data).__name__}")
+    defaults = {k: v.default for k, v in inspect.signature(build_scenario).parameters.items()}
+    beside = [k for k, v in keywords.items() if v != defaults[k]]
+    if beside:
+        raise ValueError(f"build_scenario got data settings and also {', '.join(beside)}; "
+                         f"set {'it' if len(beside) == 1 else 'them'} in the data settings "
+                         f"(dataclasses.replace) instead")
+    return {f.name: getattr(data, f.name) for f in dataclasses.fields(DataSettings)}
 
 
 def _load_schedule(ref: str) -> tuple[np.ndarray, str]:
@@ -814,29 +881,22 @@ def _load_schedule(ref: str) -> tuple[np.ndarray, str]:
 
 
 @lru_cache(maxsize=64)
-def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, samples: int,
-                  test_samples: int, schedule: str, pattern: str, drift_step: int, alpha: float,
-                  data_dir: str, dataset: str = "", partition: str = "", disjoint: bool = False,
-                  classes_per_client: int = 0, test_fraction: float = 0.0, num_classes: int = 0,
-                  input_shape: str = "", label_column: str = "", feature_columns: str = "",
-                  partition_column: str = "", dataset_args: str = "", remap_labels: bool = False,
-                  oversample: bool = False) -> Scenario:
-    d = _DEFS[name]
-    params = (name, seed, num_clients, num_steps, samples, test_samples, schedule, pattern,
-              drift_step, alpha, data_dir, dataset, partition, disjoint, classes_per_client,
-              test_fraction, num_classes, input_shape, label_column, feature_columns,
-              partition_column, dataset_args, remap_labels, oversample)
-    read = read_options(label_column, feature_columns, partition_column, dataset_args,
-                        remap_labels)
-    info = (user_pool_info(d, dataset, seed, test_fraction, num_classes, input_shape, data_dir,
-                           read) if d.user_pool else None)
+def _build_cached(spec: ScenarioSpec) -> Scenario:
+    """The scenario ``spec`` describes (resolved and checked by ``build_scenario``); cached on
+    ``spec``, so identical arguments give the same object."""
+    d, pool = _DEFS[spec.name], spec.pool
+    name, seed, num_clients, num_steps = spec.name, spec.seed, spec.num_clients, spec.num_steps
+    schedule, pattern, drift_step = spec.schedule, spec.drift_pattern, spec.drift_step
+    alpha, data_dir = spec.dirichlet_alpha, spec.data_dir
+    partition, partition_column, oversample = pool.partition, pool.partition_column, pool.oversample
+    info = user_pool_info(d, pool, seed, data_dir) if d.user_pool else None
     # partition-column: one client per distinct value (known where the data are readable)
     natural = (len(info.data.group_names) if partition_column and info is not None
                and info.data is not None else 0)
     if partition_column and not (num_clients or natural):
         raise ValueError(f"partition-column {partition_column!r}: this process (the server of a "
-                         f"deployment) cannot read dataset {dataset!r} to count its values; set "
-                         f"num-clients")
+                         f"deployment) cannot read dataset {pool.dataset!r} to count its values; "
+                         f"set num-clients")
     fam = _family(d) if info is None else _family(d, info.num_classes, info.image)
     n_base = len(fam.concepts)
     description = d.description
@@ -896,9 +956,9 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
     else:
         num_classes = (MIXTURE_CLASSES if d.data == "mixture" else
                        info.num_classes if info is not None else 10)
-        if partition == "pathological" and not 1 <= classes_per_client <= num_classes:
+        if partition == "pathological" and not 1 <= pool.classes_per_client <= num_classes:
             raise ValueError(f"classes-per-client must be in 1..{num_classes} (the number of "
-                             f"classes of scenario {name}), got {classes_per_client}")
+                             f"classes of scenario {name}), got {pool.classes_per_client}")
         priors = np.stack([
             client_prior(num_classes, alpha, np.random.default_rng([seed, k, 0, TAG_PRIOR]))
             for k in range(p)
@@ -947,17 +1007,17 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
                                         concepts, priors, oversample)
         if partition_column:
             description += f" [partition-column {partition_column}: one client per value]"
-        if partition not in ("", "dirichlet") or disjoint:
-            factory = partitioned(factory, partition, disjoint, p, alpha, classes_per_client,
-                                   seed)
+        if partition not in ("", "dirichlet") or pool.disjoint:
+            factory = partitioned(factory, partition, pool.disjoint, p, alpha,
+                                  pool.classes_per_client, seed)
             description += (f" [partition {partition or 'dirichlet'}"
-                            f"{', disjoint shards' if disjoint else ''}]")
+                            f"{', disjoint shards' if pool.disjoint else ''}]")
     return Scenario(
         name=name, description=description, matrix=m, realisation_factory=factory,
         num_classes=num_classes, input_shape=input_shape, model=model, hidden=hidden,
-        data_seed=seed, samples_per_step=samples, test_samples=test_samples,
+        data_seed=seed, samples_per_step=spec.samples_per_step, test_samples=spec.test_samples,
         drift_pattern=source, drift_step=drift_step, dirichlet_alpha=alpha,
-        concept_labels=list(labels), params=params, large_files=d.needs_data_dir,
+        concept_labels=list(labels), spec=spec, large_files=d.needs_data_dir,
         notes=(info.data.label_note,) if info is not None and info.data is not None
         and info.data.label_note else (), preprocessing=preprocessing,
         class_names=info.data.class_names if info is not None and info.data is not None else (),

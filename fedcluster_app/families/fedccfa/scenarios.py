@@ -12,10 +12,12 @@ matching ``drift-pattern``; the same patterns work on ``mnist-swap``, ``fmnist-s
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from fedcluster_app.core.data.drift import ClassRealisation
-from fedcluster_app.core.data.scenarios import _PARAM_NAMES, Scenario, build_scenario
+from fedcluster_app.core.data.scenarios import Scenario, build_scenario
 
 
 def build_digits_swap(pattern: str, **kwargs) -> Scenario:
@@ -61,8 +63,10 @@ def build_digits_ccfa(**kwargs) -> Scenario:
     (docs/fedccfa/README.md, D4)."""
     pattern = str(kwargs.get("drift_pattern", "") or "sudden")
     base = build_scenario("digits-swap", **{**kwargs, "drift_pattern": pattern})
-    params = dict(base.params, name="digits-ccfa", drift_pattern=kwargs.get("drift_pattern", ""))
-    params = {**params, **{k: kwargs[k] for k in kwargs}}
+    # digits-swap's resolved arguments, renamed, with the ones given as given (the
+    # drift-pattern "" among them): rebuilt through build_scenario("digits-ccfa", ...)
+    spec = dataclasses.replace(base.spec, name="digits-ccfa",
+                               **{"drift_pattern": "", **kwargs})
     return Scenario(
         name="digits-ccfa",
         description=base.description.replace("scikit-learn 8x8 digits", "digits-ccfa"),
@@ -73,5 +77,5 @@ def build_digits_ccfa(**kwargs) -> Scenario:
         test_samples=base.test_samples, drift_pattern=base.drift_pattern,
         drift_step=base.drift_step, dirichlet_alpha=base.dirichlet_alpha,
         concept_labels=list(base.concept_labels),
-        params=tuple(params.get(k, "digits-ccfa" if k == "name" else "") for k in _PARAM_NAMES),
+        spec=spec,
     )

@@ -106,7 +106,12 @@ from fedcluster_app.core.data.drift import (
     cyclic_permutation,
 )
 from fedcluster_app.core.data.generators import ImagePool, stratified_split
-from fedcluster_app.core.data.scenarios import TAG_PRIOR, Scenario, dirichlet_alpha_arg
+from fedcluster_app.core.data.scenarios import (
+    TAG_PRIOR,
+    Scenario,
+    ScenarioSpec,
+    dirichlet_alpha_arg,
+)
 from fedcluster_app.families.fedrc.catalogue import VARIANTS
 
 __all__ = [
@@ -406,8 +411,11 @@ def build_fedrc(name: str, *, seed=0, num_clients=0, num_steps=0, samples_per_st
     if key not in VARIANTS:
         raise ValueError(f"unknown FedRC scenario {name!r}; valid: {', '.join(sorted(VARIANTS))}")
     v = VARIANTS[key]
-    params = (key, seed, num_clients, num_steps, samples_per_step, test_samples, schedule,
-              drift_pattern, drift_step, dirichlet_alpha, data_dir)
+    spec = ScenarioSpec(   # the arguments as given
+        name=key, seed=seed, num_clients=num_clients, num_steps=num_steps,
+        samples_per_step=samples_per_step, test_samples=test_samples, schedule=schedule,
+        drift_pattern=drift_pattern, drift_step=drift_step, dirichlet_alpha=dirichlet_alpha,
+        data_dir=data_dir)
     seed = _int_arg("seed", seed)
     m = _int_arg("num_clients", num_clients) or DEFAULT_CLIENTS
     t = _int_arg("num_steps", num_steps) or 1
@@ -492,7 +500,7 @@ def build_fedrc(name: str, *, seed=0, num_clients=0, num_steps=0, samples_per_st
         num_classes=NUM_CLASSES, input_shape=input_shape, model=model, hidden=hidden,
         data_seed=seed, samples_per_step=n_train, test_samples=n_test, drift_pattern="static",
         drift_step=0, dirichlet_alpha=alpha, concept_labels=[c.name for c in concepts],
-        params=params, holdout_clients=holdouts)
+        spec=spec, holdout_clients=holdouts)
     scen.client_roles = [sh.as_dict() for sh in shifts]  # type: ignore[attr-defined]
     scen.class_priors = priors  # type: ignore[attr-defined]
     shifts_on = {"feature": v.feature, "label": not math.isinf(alpha), "concept": v.concept}

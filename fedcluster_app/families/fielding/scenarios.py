@@ -42,7 +42,7 @@ from fedcluster_app.core.data.drift import (
     swap_permutation,
 )
 from fedcluster_app.core.data.generators import digits_pools
-from fedcluster_app.core.data.scenarios import Scenario
+from fedcluster_app.core.data.scenarios import Scenario, ScenarioSpec
 
 TAG_MEANS = 10  # default_rng([seed, 0, 0, TAG_MEANS]): the mixture's class means
 TAG_TRACE = 4  # default_rng([seed, 0, 0, TAG_TRACE]): the drift trace (who moves, buckets)
@@ -88,11 +88,7 @@ def _common(name: str, kwargs: dict, clients: int, steps: int, samples: int, tes
         raise ValueError(f"scenario {name} needs at least 4 clients, got {p}")
     if t < 2:
         raise ValueError(f"scenario {name} needs at least 2 time steps, got {t}")
-    params = tuple(kwargs.get(k, d) for k, d in (
-        ("name", name), ("seed", 0), ("num_clients", 0), ("num_steps", 0),
-        ("samples_per_step", 0), ("test_samples", 0), ("schedule", ""), ("drift_pattern", ""),
-        ("drift_step", 0), ("dirichlet_alpha", 0.0), ("data_dir", "")))
-    return seed, p, t, n, nt, (name, *params[1:])
+    return seed, p, t, n, nt, ScenarioSpec(name=name, **kwargs)   # the arguments as given
 
 
 def _dirichlet_priors(p: int, c: int, alpha: float, seed: int) -> np.ndarray:
@@ -122,7 +118,7 @@ def _digits_factory(seed: int, concepts, priors):
 
 # ------------------------------------------------------------------------------ label groups
 def group_scenario(name: str, description: str, frequent: bool, **kwargs) -> Scenario:
-    seed, p, t, n, nt, params = _common(name, kwargs, 30, 20 if frequent else 12, 80, 100)
+    seed, p, t, n, nt, spec = _common(name, kwargs, 30, 20 if frequent else 12, 80, 100)
     groups = list(GROUPS3) + list(GROUPS2)
     concepts = [ClassConcept(f"labels {g[0]}-{g[-1]}", prior_weights=_mask(g, 10)) for g in groups]
     rng = np.random.default_rng([seed, 0, 0, TAG_TRACE])
@@ -156,7 +152,7 @@ def group_scenario(name: str, description: str, frequent: bool, **kwargs) -> Sce
         num_classes=10, input_shape=(64,), model="mlp", hidden=0, data_seed=seed,
         samples_per_step=n, test_samples=nt, drift_pattern="fielding label groups",
         drift_step=first, dirichlet_alpha=5.0, concept_labels=[c.name for c in concepts],
-        params=params)
+        spec=spec)
 
 
 # ------------------------------------------------------------------------------ label buckets
@@ -165,7 +161,7 @@ def bucket_scenario(name: str, description: str, data: str, **kwargs) -> Scenari
         classes, held, buckets, clients = 10, 10, 5, 30
     else:
         classes, held, buckets, clients = 30, 10, 5, 50
-    seed, p, t, n, nt, params = _common(name, kwargs, clients, 9, 200, 100)
+    seed, p, t, n, nt, spec = _common(name, kwargs, clients, 9, 200, 100)
     rng = np.random.default_rng([seed, 0, 0, TAG_TRACE])
     windows = []
     for _ in range(p):
@@ -194,12 +190,12 @@ def bucket_scenario(name: str, description: str, data: str, **kwargs) -> Scenari
         num_classes=classes, input_shape=shape, model="mlp", hidden=hidden, data_seed=seed,
         samples_per_step=n, test_samples=nt, drift_pattern="fielding label buckets",
         drift_step=2, dirichlet_alpha=2.0, concept_labels=[c.name for c in concepts],
-        params=params)
+        spec=spec)
 
 
 # ------------------------------------------------------------------------------ concept swap
 def swap_scenario(name: str, description: str, **kwargs) -> Scenario:
-    seed, p, t, n, nt, params = _common(name, kwargs, 20, 6, 200, 100)
+    seed, p, t, n, nt, spec = _common(name, kwargs, 20, 6, 200, 100)
     d = _int("drift_step", kwargs.get("drift_step", 0), max(2, math.ceil(t / 3)))
     if not 2 <= d <= t:
         raise ValueError(f"{name}: drift_step {d} outside 2..{t}")
@@ -221,4 +217,4 @@ def swap_scenario(name: str, description: str, **kwargs) -> Scenario:
         num_classes=10, input_shape=(1, 8, 8), model="mlp", hidden=32, data_seed=seed,
         samples_per_step=n, test_samples=nt, drift_pattern="fielding label swaps",
         drift_step=d, dirichlet_alpha=math.inf, concept_labels=[c.name for c in concepts],
-        params=params)
+        spec=spec)

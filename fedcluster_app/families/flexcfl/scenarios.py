@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedcluster_app.core.data.scenarios import Scenario
+from fedcluster_app.core.data.scenarios import Scenario, ScenarioSpec
 
 __all__ = [
     "SHIFT_KINDS",
@@ -302,8 +302,11 @@ def holdings_scenario(name: str, description: str, data: str, own_shift: str, cl
     """The scenario ``name`` of ``catalogue.py``: users of ``data`` (synthetic | digits),
     ``clients`` and ``steps`` by default, under ``own_shift`` (a ``drift_pattern``) unless the
     build arguments give another."""
-    params = (name, seed, num_clients, num_steps, samples_per_step, test_samples, schedule,
-              drift_pattern, drift_step, dirichlet_alpha, data_dir)
+    spec = ScenarioSpec(   # the arguments as given
+        name=name, seed=seed, num_clients=num_clients, num_steps=num_steps,
+        samples_per_step=samples_per_step, test_samples=test_samples, schedule=schedule,
+        drift_pattern=drift_pattern, drift_step=drift_step, dirichlet_alpha=dirichlet_alpha,
+        data_dir=data_dir)
     seed = _int_arg("seed", seed)
     n = _int_arg("num_clients", num_clients) or clients
     t = _int_arg("num_steps", num_steps) or steps
@@ -342,7 +345,7 @@ def holdings_scenario(name: str, description: str, data: str, own_shift: str, cl
         num_classes=10, input_shape=(dim,), model="mlp", hidden=0, data_seed=seed,
         samples_per_step=cap, test_samples=0, drift_pattern=shift.kind,
         drift_step=shift.start if shift.kind in ("swap-all", "swap-part") else 0,
-        dirichlet_alpha=math.inf, concept_labels=labels, params=params)
+        dirichlet_alpha=math.inf, concept_labels=labels, spec=spec)
     scen.shift = shift            # type: ignore[attr-defined]
     scen.swap_events = events     # type: ignore[attr-defined]
     scen.user_sizes = [len(u.y_train) for u in users]  # type: ignore[attr-defined]
