@@ -39,7 +39,7 @@ def fast_config(tmp_path):
 
 
 # ---------------------------------------------------------------------------- a fresh clone
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 #: where the local SuperLink that plain `flwr run .` starts listens (fixed by Flower 1.41)
 LOCAL_SUPERLINK_PORT = 39091
 

@@ -17,7 +17,7 @@ from fedcluster_app.api import ConfigError, make_strategy
 from fedcluster_app.core import codec
 from fedcluster_app.engine import InProcessGrid
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"scenario": "mixture-swap", "rounds-per-step": 2, "local-steps": 5,
          "samples-per-step": 100, "test-samples": 50, "progress": False, "plot": False}
 

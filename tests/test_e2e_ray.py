@@ -12,7 +12,7 @@ from fedcluster_app.core.results import load_run
 from fedcluster_app.engine import run_inprocess
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "presets" / "quick.toml"
 
 

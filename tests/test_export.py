@@ -36,7 +36,7 @@ class WithoutHeldOut(InProcessGrid):
 def ifca_run(tmp_path_factory):
     """IFCA on the tests' fast scenario (K = 2, seed 0: the two concepts recovered), clients
     2 and 7 withheld, exported at the end by the run-config switch."""
-    from conftest import FAST
+    from tests.conftest import FAST
 
     out = tmp_path_factory.mktemp("ifca") / "run"
     summary = run_inprocess({**FAST, "strategy": "ifca", "out-dir": str(out), "export": True,
@@ -257,7 +257,7 @@ def test_the_personal_record_names_are_the_clients_own():
 def test_a_tables_class_names_are_saved_and_read_back(tmp_path, capsys):
     """The README's table of users (class names numbered in sorted order): the manifest names
     the classes, and raw rows of the file predict and route with their own labels."""
-    from conftest import ROOT
+    from tests.conftest import ROOT
 
     table = ROOT / "examples" / "data" / "iris_users.csv"
     run_inprocess({"strategy": "fedavg", "scenario": "dataset-static", "dataset": f"csv:{table}",

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 
 FORMS = [["list"], *(["list", what] for what in ("strategies", "scenarios", "federations",
                                                   "config", "params", "presets", "protocols")),

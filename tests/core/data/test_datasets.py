@@ -35,10 +35,11 @@ from fedcluster_app.core.data.generators import (
     digits_pools,
 )
 
-SHARED_CP = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "feddrift-changepoints"
+SHARED_CP = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "feddrift-changepoints"
 # the standard catalogue: the core's scenarios and FedDrift's (defined by its family)
 STANDARD = sorted({*SCENARIO_NAMES, "sine2", "circle2", "sea2", "sea4"})
-# torchvision files and a user's dataset (tests/test_user_data.py) are not part of the checkout
+# torchvision files and a user's dataset (tests/core/data/test_user_data.py) are not part of the
+# checkout
 OFFLINE = [n for n in STANDARD
            if n.split("-")[0] not in ("mnist", "fmnist", "cifar10", "dataset")]
 

@@ -298,7 +298,7 @@ def test_the_committed_page_names_its_own_path_in_its_regenerate_command():
     """docs/benchmark/README.md is rewritten only by a command that names it; the page says which."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     page = (root / "docs" / "benchmark" / "README.md").read_text()
     command = page.split("```bash\n", 1)[1].split("\n", 1)[0]
     assert command.startswith("fedcluster bench ") and "--report docs/benchmark/README.md" in command

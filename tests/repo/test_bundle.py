@@ -57,7 +57,9 @@ def test_the_app_fedcluster_run_stages_builds_with_the_same_rules(fresh_clone, t
     assert size <= BUNDLE_BUDGET
     assert package_files(fresh_clone.path) <= names
     assert "tests/plugins/my_model.py" in names                 # the module's folder travels
-    assert all(n.startswith(("fedcluster_app/", "tests/plugins/")) for n in names), names
+    assert "tests/__init__.py" in names                         # ... with its packages' __init__
+    assert all(n.startswith(("fedcluster_app/", "tests/plugins/")) or n == "tests/__init__.py"
+               for n in names), names
 
 
 USERS_MODEL = '''\

@@ -14,7 +14,7 @@ import pytest
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.results import load_run, tracking
 from fedcluster_app.engine import run_inprocess
-from tests.test_checkpoint import CrashingGrid
+from tests.core.server.test_checkpoint import CrashingGrid
 
 ALL = "mlflow,tensorboard,csv"
 

@@ -8,6 +8,9 @@
 * Every strategy's typed hyper-parameters and its ``[tool.flwr.app.config.<table>]`` table in
   pyproject.toml hold the same keys with the same defaults; no table is left without a class.
 * Nothing in the package, the docs or the benchmarks cites a file outside the repository.
+* tests/ is laid out as the package is: a test module sits in the folder of the package part it
+  tests (``tests/core/data/`` for ``fedcluster_app/core/data/``, the app modules' tests at the
+  top) or in ``tests/repo/`` (the repository as a whole); every folder of them is a package.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fedcluster_app"
 
 
@@ -244,3 +247,33 @@ def test_nothing_cites_a_file_outside_the_repository():
             for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
             if OUTSIDE.search(line)]
     assert hits == [], "\n".join(hits)
+
+
+
+TESTS = ROOT / "tests"
+#: the folders of tests/ that mirror no part of the package, and what they hold
+TEST_FOLDERS_OF_THEIR_OWN = {"repo": "tests of the repository as a whole",
+                             "plugins": "a user's modules, which tests name by import path",
+                             "golden": "the golden runs' script and recording"}
+
+
+def test_the_tests_are_laid_out_as_the_package_is():
+    """A test module sits in the folder of tests/ that mirrors the package part it tests
+    (tests/core/data/ for fedcluster_app/core/data/, the app modules' tests at the top) or in
+    tests/repo/; every folder on its way is a package, so that modules of one name in two
+    folders are two modules, and tests import the shared helpers as ``tests.support``."""
+    misplaced, not_packages = [], set()
+    for path in sorted(TESTS.rglob("test_*.py")):
+        folder = path.parent.relative_to(TESTS)
+        if not ((PACKAGE / folder).is_dir() or folder == Path("repo")):
+            misplaced.append(str(path.relative_to(ROOT)))
+        for depth in range(len(folder.parts) + 1):
+            package = TESTS.joinpath(*folder.parts[:depth])
+            if not (package / "__init__.py").is_file():
+                not_packages.add(str(package.relative_to(ROOT)))
+    assert misplaced == [], "test modules in a folder that mirrors no part of fedcluster_app/: " \
+        + ", ".join(misplaced)
+    assert not_packages == set(), f"test folders without __init__.py: {sorted(not_packages)}"
+    strays = sorted(f.name for f in TESTS.iterdir() if f.is_dir() and f.name != "__pycache__"
+                    and not (PACKAGE / f.name).is_dir() and f.name not in TEST_FOLDERS_OF_THEIR_OWN)
+    assert strays == [], f"folders of tests/ that mirror nothing in fedcluster_app/: {strays}"

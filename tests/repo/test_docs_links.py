@@ -1,5 +1,6 @@
 """docs/ holds together: every link and every ``docs/...`` path the pages, the README and the
-code mention exists, docs/README.md lists every page, and every raw-row file is cited.
+code mention exists, docs/README.md lists every page, and every raw-row file is cited; every
+``tests/...`` path and every test module named anywhere exists too.
 
 Fast (reads files only). A moved or deleted page fails here with the file and line that still
 point at it.
@@ -11,7 +12,7 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 INDEX = DOCS / "README.md"
 
@@ -20,6 +21,10 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)[^)]*\)")
 # a repository path under docs/, as prose, code and commands write it ("docs/fedrc/README.md,"):
 # not part of a longer path (runs/x/docs/...), ending before trailing punctuation
 DOCS_PATH = re.compile(r"(?<![\w/.-])docs/[\w./-]*[\w/]")
+# the same for a path under tests/ ("tests/core/test_stopping.py::test_..."), and a test module
+# named alone ("test_fielding_core.py pins them")
+TESTS_PATH = re.compile(r"(?<![\w/.-])tests/[\w./-]*[\w/]")
+TEST_MODULE = re.compile(r"(?<![\w/.-])test_\w+\.py\b")
 # a path with a placeholder (docs/{family}/README.md, docs/x_<commit>.jsonl) is a template
 TEMPLATE = re.compile(r"[<{*]")
 
@@ -62,19 +67,33 @@ def test_every_relative_link_points_to_a_file():
     assert broken == [], "links to nothing:\n" + "\n".join(broken)
 
 
-def test_every_docs_path_mentioned_anywhere_exists():
-    """README, pages, package, benchmarks, tests, presets: a ``docs/...`` path names a file or
-    folder that is there (a benchmark's default --jsonl is a file it appends to, so it exists)."""
+def mentions_of_nothing(pattern: re.Pattern, exists) -> list[str]:
+    """``file:line: text`` of every match of ``pattern`` in the tracked text files (this one
+    aside) that is no template and for which ``exists(text)`` is false."""
     missing = []
     for f in tracked_text_files():
         if f == Path(__file__):
             continue
         for i, line in enumerate(f.read_text().splitlines(), 1):
-            for m in DOCS_PATH.finditer(line):
-                if TEMPLATE.match(line, m.end()) or (ROOT / m.group()).exists():
-                    continue
-                missing.append(f"{f.relative_to(ROOT)}:{i}: {m.group()}")
+            for m in pattern.finditer(line):
+                if not (TEMPLATE.match(line, m.end()) or exists(m.group())):
+                    missing.append(f"{f.relative_to(ROOT)}:{i}: {m.group()}")
+    return missing
+
+
+def test_every_docs_path_mentioned_anywhere_exists():
+    """README, pages, package, benchmarks, tests, presets: a ``docs/...`` path names a file or
+    folder that is there (a benchmark's default --jsonl is a file it appends to, so it exists)."""
+    missing = mentions_of_nothing(DOCS_PATH, lambda path: (ROOT / path).exists())
     assert missing == [], "paths that are not in docs/:\n" + "\n".join(missing)
+
+
+def test_every_tests_path_and_test_module_mentioned_anywhere_exists():
+    """A moved test module fails here with the file and line that still point at it."""
+    modules = {p.name for p in (ROOT / "tests").rglob("test_*.py")}
+    missing = mentions_of_nothing(TESTS_PATH, lambda path: (ROOT / path).exists())
+    missing += mentions_of_nothing(TEST_MODULE, lambda name: name in modules)
+    assert missing == [], "tests/ paths and test modules that are not there:\n" + "\n".join(missing)
 
 
 def test_the_index_lists_every_page():
@@ -102,3 +121,6 @@ def test_the_checker_sees_a_broken_link(tmp_path):
     text = page.read_text()
     found = [(m.group(), bool(TEMPLATE.match(text, m.end()))) for m in DOCS_PATH.finditer(text)]
     assert found == [("docs/fedrc/nothing.jsonl", False), ("docs/fielding/x_", True)]
+    line = "`tests/core/test_x.py::test_y`, runs/a/tests/b.py, test_z.py pins it; my_test_q.py"
+    assert [m.group() for m in TESTS_PATH.finditer(line)] == ["tests/core/test_x.py"]
+    assert [m.group() for m in TEST_MODULE.finditer(line)] == ["test_z.py"]

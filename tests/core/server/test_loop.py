@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_checkpoint import CrashingGrid
+from tests.core.server.test_checkpoint import CrashingGrid
 
 from fedcluster_app.engine import run_inprocess
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 #: the fields every timing row carries (harness.machine)
 MACHINE = {"load_start", "load_end", "cores", "cpu"}

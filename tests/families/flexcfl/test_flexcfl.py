@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_bad_input import CountingApp  # tests/ is on sys.path (pytest's rootdir mode)
-from test_checkpoint import CrashingGrid
+from tests.test_bad_input import CountingApp
+from tests.core.server.test_checkpoint import CrashingGrid
 
 from fedcluster_app.api import build_strategy
 from fedcluster_app.client_app import app as client_app

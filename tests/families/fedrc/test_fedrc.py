@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Message, RecordDict
-from test_checkpoint import CrashingGrid
+from tests.core.server.test_checkpoint import CrashingGrid
 
 from fedcluster_app.client_app import app as client_app
 from fedcluster_app.core import wire as P

@@ -17,7 +17,7 @@ from fedcluster_app.core.data.sources import load_user_data
 from fedcluster_app.core.data.tables import ReadOptions, column_names, dataset_args
 from fedcluster_app.engine import run_inprocess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 IRIS = ROOT / "examples" / "data" / "iris_users.csv"
 FEATURES = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
 SPECIES = ReadOptions(label_column="species", remap_labels=True)

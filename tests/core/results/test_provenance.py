@@ -15,7 +15,7 @@ from fedcluster_app.core.results import compare_runs, load_run
 from fedcluster_app.core.results.provenance import SOURCE, git_commit
 from fedcluster_app.engine import run_inprocess
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ each round (the state lost between messages), every round would read [1, 1].
 from __future__ import annotations
 
 import pytest
-from test_deployment import alive
-from test_e2e_ray import fedcluster, superlinks
+from tests.test_deployment import alive
+from tests.test_e2e_ray import fedcluster, superlinks
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.results import load_run

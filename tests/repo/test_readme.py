@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN_FILES = ("metrics.jsonl", "summary.json", "plot.png", "checkpoint.npz")
 
 

@@ -24,7 +24,7 @@ from fedcluster_app.cli import main
 from fedcluster_app.core.server.checkpoint import read_checkpoint
 from fedcluster_app.core.results.files import LOCK_FILE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "presets" / "quick.toml"
 LONG = ["--run-config", str(QUICK), "--set", "rounds-per-step=300", "--set", "progress=false",
         "--set", "plot=false"]
