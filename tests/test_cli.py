@@ -12,8 +12,8 @@ from fedcluster_app.api import STRATEGIES
 from fedcluster_app.cli import main
 from fedcluster_app.core.config import ConfigError, parse_assignment
 from fedcluster_app.core.data import scenario_names
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 QUICK = ROOT / "presets" / "quick.toml"
 
 

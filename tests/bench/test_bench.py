@@ -10,6 +10,7 @@ import pytest
 from fedcluster_app.bench import matrix as M
 from fedcluster_app.bench import report as R
 from fedcluster_app.bench.scores import drift_steps, score_run
+from tests.support import ROOT
 
 
 def _records(current: dict[int, float], nxt: dict[int, float], rps: int, steps: int) -> list[dict]:
@@ -296,10 +297,7 @@ def test_a_page_named_readme_keeps_its_rows_and_plots_beside_it():
 
 def test_the_committed_page_names_its_own_path_in_its_regenerate_command():
     """docs/benchmark/README.md is rewritten only by a command that names it; the page says which."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    page = (root / "docs" / "benchmark" / "README.md").read_text()
+    page = (ROOT / "docs" / "benchmark" / "README.md").read_text()
     command = page.split("```bash\n", 1)[1].split("\n", 1)[0]
     assert command.startswith("fedcluster bench ") and "--report docs/benchmark/README.md" in command
     assert "--reuse-rows docs/benchmark/runs.jsonl" in command

@@ -16,6 +16,7 @@ import pytest
 from fedcluster_app.api import STRATEGIES
 from fedcluster_app.core.config import MOVED_KEYS, ConfigError
 from fedcluster_app.engine import run_inprocess
+from tests.support import WALL_CLOCK
 
 # small enough for every strategy to train in its first rounds; SGD so that momentum counts
 BASE = {"scenario": "mixture-swap", "num-clients": 4, "num-steps": 2, "rounds-per-step": 1,
@@ -30,7 +31,6 @@ EPOCHS = {"local-steps": 0, "local-epochs": 1, "batch-size": 7}
 EPOCH_CHANGES = {"local-epochs": 2, "drop-last": True}
 #: a strategy may refuse a setting it has no use for, naming it, instead of honouring it
 REFUSABLE = {"prox-mu"}
-WALL_CLOCK = {"round_time_s", "wall_time_s", "fielding_cluster_s", "fielding_handling_s"}
 
 
 def _numbers(tmp_path, name: str, cfg: dict) -> list[dict] | str:

@@ -23,8 +23,8 @@ import pytest
 from fedcluster_app.cli import main
 from fedcluster_app.core.server.checkpoint import read_checkpoint
 from fedcluster_app.core.results.files import LOCK_FILE
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "presets" / "quick.toml"
 LONG = ["--run-config", str(QUICK), "--set", "rounds-per-step=300", "--set", "progress=false",
         "--set", "plot=false"]

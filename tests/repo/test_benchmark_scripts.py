@@ -10,11 +10,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
+
 BENCH = ROOT / "benchmarks"
 #: the fields every timing row carries (harness.machine)
 MACHINE = {"load_start", "load_end", "cores", "cpu"}

@@ -12,7 +12,8 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
+
 DOCS = ROOT / "docs"
 INDEX = DOCS / "README.md"
 

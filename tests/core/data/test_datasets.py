@@ -34,8 +34,9 @@ from fedcluster_app.core.data.generators import (
     SeaConcept,
     digits_pools,
 )
+from tests.support import ROOT
 
-SHARED_CP = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "feddrift-changepoints"
+SHARED_CP = ROOT.parent / "shared" / "data" / "feddrift-changepoints"
 # the standard catalogue: the core's scenarios and FedDrift's (defined by its family)
 STANDARD = sorted({*SCENARIO_NAMES, "sine2", "circle2", "sea2", "sea4"})
 # torchvision files and a user's dataset (tests/core/data/test_user_data.py) are not part of the

@@ -4,7 +4,6 @@ label rules (remap-labels) and every bad input's message (fast: tiny files, in p
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,8 +15,8 @@ from fedcluster_app.core.data import build_scenario
 from fedcluster_app.core.data.sources import load_user_data
 from fedcluster_app.core.data.tables import ReadOptions, column_names, dataset_args
 from fedcluster_app.engine import run_inprocess
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 IRIS = ROOT / "examples" / "data" / "iris_users.csv"
 FEATURES = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
 SPECIES = ReadOptions(label_column="species", remap_labels=True)

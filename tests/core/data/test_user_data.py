@@ -14,8 +14,8 @@ from fedcluster_app.core.config import ConfigError, parse_run_config
 from fedcluster_app.core.data import build_scenario
 from fedcluster_app.core.data.catalogue import METADATA_ONLY
 from fedcluster_app.core.data.sources import load_user_data
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 SWAP = (0, 2, 1, 3, 4, 5, 6, 7)  # FedCCFA's group-1 swap 1<->2 on 8 classes
 
 

@@ -18,11 +18,10 @@ from fedcluster_app.core.server.checkpoint import SAFE_ON_RESUME, read_checkpoin
 from fedcluster_app.core.config import default_run_config
 from fedcluster_app.core.results import RunRecorder, load_run
 from fedcluster_app.engine import InProcessGrid, run_inprocess
+from tests.support import FAST
 
 # 4 steps of 1 round, a checkpoint every round: the smallest run with a drift (at step 3)
-TINY = {"strategy": "ifca", "scenario": "mixture-swap", "rounds-per-step": 1, "num-steps": 4,
-        "local-steps": 5, "samples-per-step": 100, "test-samples": 50, "checkpoint-every": 1,
-        "progress": False, "plot": False}
+TINY = {**FAST, "strategy": "ifca", "rounds-per-step": 1, "num-steps": 4, "checkpoint-every": 1}
 TINY_ARGS = [arg for k, v in TINY.items() for arg in ("--set", f"{k}={str(v).lower()}")]
 
 

@@ -14,14 +14,11 @@ import pytest
 from fedcluster_app.core.results import compare_runs, load_run
 from fedcluster_app.core.results.provenance import SOURCE, git_commit
 from fedcluster_app.engine import run_inprocess
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support import FAST
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from tests.conftest import FAST
-
     out = tmp_path_factory.mktemp("prov") / "run"
     # samples-per-step and test-samples left at 0: the scenario's own 200 and 100
     cfg = {k: v for k, v in FAST.items() if k not in ("samples-per-step", "test-samples")}

@@ -15,6 +15,7 @@ from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.results import load_run, tracking
 from fedcluster_app.engine import run_inprocess
 from tests.core.server.test_checkpoint import CrashingGrid
+from tests.support import FAST
 
 ALL = "mlflow,tensorboard,csv"
 
@@ -50,8 +51,6 @@ def tensorboard_scalars(log_dir: Path) -> tuple[dict[str, list[tuple[int, float]
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory):
     """One seeded run logged to every backend (module-scoped: each test reads it)."""
-    from tests.conftest import FAST
-
     out = tmp_path_factory.mktemp("tracked") / "run"
     summary = run_inprocess({**FAST, "out-dir": str(out), "plot": True, "tracking": ALL})
     return out, summary, load_run(out)[1]

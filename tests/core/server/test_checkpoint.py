@@ -11,6 +11,7 @@ from fedcluster_app.api import STRATEGIES
 from fedcluster_app.core.results import load_run
 from fedcluster_app.core.server.strategy import read_checkpoint
 from fedcluster_app.engine import InProcessGrid, run_inprocess
+from tests.support import WALL_CLOCK
 
 
 class CrashingGrid(InProcessGrid):
@@ -23,10 +24,6 @@ class CrashingGrid(InProcessGrid):
         if any(m.metadata.group_id == str(self.crash_round) for m in messages):
             raise RuntimeError("server crashed")
         return super().send_and_receive(messages, timeout=timeout)
-
-
-# wall-clock fields: the only ones a resumed run may log differently
-VOLATILE = {"round_time_s", "fielding_cluster_s", "fielding_handling_s"}
 
 
 @pytest.mark.matrix
@@ -50,7 +47,7 @@ def test_resume_after_crash_gives_the_uninterrupted_metrics(fast_config, tmp_pat
     resumed = run_inprocess(cfg | {"resume-from": str(out)})
     _, rounds = load_run(out)
     assert resumed["status"] == "completed" and resumed["resumed_after_round"] == 4
-    strip = lambda rs: [{k: v for k, v in r.items() if k not in VOLATILE} for r in rs]  # noqa: E731
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in rs]  # noqa: E731
     assert strip(rounds) == strip(full_rounds)
 
 

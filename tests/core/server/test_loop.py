@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.core.server.test_checkpoint import CrashingGrid
-
 from fedcluster_app.engine import run_inprocess
-
-VOLATILE = {"round_time_s", "fielding_cluster_s", "fielding_handling_s"}
+from tests.core.server.test_checkpoint import CrashingGrid
+from tests.support import WALL_CLOCK
 
 
 class CrashAt5(CrashingGrid):
@@ -24,7 +22,7 @@ class CrashAt5(CrashingGrid):
 
 def rounds(out: Path) -> list[dict]:
     lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(x).items() if k not in VOLATILE} for x in lines]
+    return [{k: v for k, v in json.loads(x).items() if k not in WALL_CLOCK} for x in lines]
 
 
 # one strategy per protocol: FedDrift's time steps, FlexCFL's selection, plain rounds

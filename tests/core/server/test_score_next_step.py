@@ -17,12 +17,11 @@ from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.models import build_model, set_weights
 from fedcluster_app.core.training import evaluate
 from fedcluster_app.engine import InProcessGrid, run_inprocess
+from tests.support import FAST
 
 STEPS, R = 4, 2
 # mixture-swap: 10 clients, half of them get a label permutation at step 3
-SMALL = {"scenario": "mixture-swap", "seed": 0, "num-steps": STEPS, "rounds-per-step": R,
-         "local-steps": 5, "samples-per-step": 100, "test-samples": 50, "progress": False,
-         "plot": False}
+SMALL = {**FAST, "seed": 0, "num-steps": STEPS, "rounds-per-step": R}
 NEW_KEYS = {"accuracy_current", "client_accuracy_current", "accuracy_next",
             "client_accuracy_next", "next_step"}
 VOLATILE = {"round_time_s", "wall_time_s", "out_dir", "config", "resolved_config", "started_at",

@@ -34,23 +34,7 @@ from fedcluster_app.families.fedccfa.classifiers import (
 )
 from fedcluster_app.families.fedccfa.fedccfa import FedBABU, FedCCFA, FedRep, Flash
 from fedcluster_app.server_app import run_server
-
-TINY = {
-    "scenario": "digits-swap", "model": "mlp", "hidden": 16, "num-steps": 2,
-    "rounds-per-step": 2, "drift-step": 2, "samples-per-step": 60, "test-samples": 30,
-    "dirichlet-alpha": 1.0, "progress": False, "plot": False,
-    "fedccfa.align-start": 1, "fedbabu.ft-epochs": 1,
-    # the papers' local SGD (the family trains with the run's shared recipe), one epoch
-    "optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight-decay": 1e-5, "batch-size": 64,
-    "local-steps": 0, "local-epochs": 1,
-}
-
-
-def tiny(tmp_path, **kw):
-    cfg = dict(TINY, **{"out-dir": str(tmp_path / "run")})
-    cfg.update(kw)
-    return cfg
-
+from tests.support import fedccfa_tiny as tiny
 
 # ------------------------------------------------------------------------------- MADD / DBSCAN
 def madd_loop(v):

@@ -10,13 +10,12 @@ each round (the state lost between messages), every round would read [1, 1].
 from __future__ import annotations
 
 import pytest
-from tests.test_deployment import alive
-from tests.test_e2e_ray import fedcluster, superlinks
 
 from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.results import load_run
 from fedcluster_app.deploy import LocalDeployment
 from fedcluster_app.launcher import run_on_deployment
+from tests.support import alive, fedcluster, superlinks
 
 pytestmark = pytest.mark.slow
 

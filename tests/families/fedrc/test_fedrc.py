@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Message, RecordDict
-from tests.core.server.test_checkpoint import CrashingGrid
 
 from fedcluster_app.client_app import app as client_app
 from fedcluster_app.core import wire as P
@@ -23,6 +22,7 @@ from fedcluster_app.families.fedrc import fedrc as fedrc_module
 from fedcluster_app.families.fedrc import wire as W
 from fedcluster_app.families.fedrc.em import importance_weights
 from fedcluster_app.families.fedrc.params import FedRCParams
+from tests.core.server.test_checkpoint import CrashingGrid
 
 # The calibrated population, small: 6 clients (+ 3 held-out test clients), FedRC's local training.
 SMALL = {

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.test_bad_input import CountingApp
-from tests.core.server.test_checkpoint import CrashingGrid
 
 from fedcluster_app.api import build_strategy
 from fedcluster_app.client_app import app as client_app
@@ -36,6 +34,8 @@ from fedcluster_app.families.flexcfl.grouping import (
     shift_distance,
 )
 from fedcluster_app.families.flexcfl.scenarios import ShiftSpec, synthetic_users
+from tests.core.server.test_checkpoint import CrashingGrid
+from tests.test_bad_input import CountingApp
 
 N = 20
 

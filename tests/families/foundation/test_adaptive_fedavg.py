@@ -13,7 +13,7 @@ from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError, default_run_config, merge_overrides
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.engine import InProcessGrid, run_inprocess
-from tests.families.fedccfa.test_fedccfa import tiny
+from tests.support import fedccfa_tiny as tiny
 
 
 def test_adaptive_lr_schedule_on_hand_computed_values():
