@@ -14,21 +14,12 @@ from pathlib import Path
 import pytest
 
 import fedcluster_app.families  # noqa: F401  (every family's scenarios, for tests of the data)
-
-# A small drift scenario: 10 clients, 6 steps, half the clients get a label permutation at step 3.
-FAST = {
-    "scenario": "mixture-swap",
-    "rounds-per-step": 2,
-    "local-steps": 5,
-    "samples-per-step": 100,
-    "test-samples": 50,
-    "progress": False,
-    "plot": False,
-}
+from tests.support import FAST, ROOT
 
 
 @pytest.fixture
 def fast_config(tmp_path):
+    """tests.support.FAST writing to ``tmp_path/run``; keyword overrides spelt with _ or -."""
     def make(**overrides):
         cfg = dict(FAST)
         cfg["out-dir"] = str(tmp_path / "run")
@@ -39,7 +30,6 @@ def fast_config(tmp_path):
 
 
 # ---------------------------------------------------------------------------- a fresh clone
-ROOT = Path(__file__).resolve().parent.parent
 #: where the local SuperLink that plain `flwr run .` starts listens (fixed by Flower 1.41)
 LOCAL_SUPERLINK_PORT = 39091
 

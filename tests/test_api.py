@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +15,7 @@ from fedcluster_app import api
 from fedcluster_app.api import ConfigError, make_strategy
 from fedcluster_app.core import codec
 from fedcluster_app.engine import InProcessGrid
-
-ROOT = Path(__file__).resolve().parent.parent
-SMALL = {"scenario": "mixture-swap", "rounds-per-step": 2, "local-steps": 5,
-         "samples-per-step": 100, "test-samples": 50, "progress": False, "plot": False}
+from tests.support import FAST, ROOT
 
 
 def test_make_strategy_configures_by_keyword():
@@ -82,7 +78,7 @@ def test_bad_names_and_keywords_are_named_before_anything_runs(call, message):
 def test_start_is_flowers_strategy_start(tmp_path):
     """start(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config,
     evaluate_fn) -> Result, with the clustered models and assignments."""
-    cfg = {**SMALL, "out-dir": str(tmp_path / "run")}
+    cfg = {**FAST, "out-dir": str(tmp_path / "run")}
     s = make_strategy("ifca", run_config=cfg, num_clusters=2)
     grid = InProcessGrid({**api.default_run_config(), **cfg, "strategy": "ifca"}, 10)
     w0 = s.initial_weights()
@@ -108,7 +104,7 @@ def test_start_is_flowers_strategy_start(tmp_path):
 
 
 def test_initial_arrays_replace_the_common_initialisation(tmp_path):
-    cfg = {**SMALL, "out-dir": str(tmp_path / "run")}
+    cfg = {**FAST, "out-dir": str(tmp_path / "run")}
     s = make_strategy("fedavg", run_config=cfg)
     w0 = s.initial_weights()
     s._initial = [np.zeros_like(a) for a in w0]

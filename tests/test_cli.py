@@ -12,8 +12,8 @@ from fedcluster_app.api import STRATEGIES
 from fedcluster_app.cli import main
 from fedcluster_app.core.config import ConfigError, parse_assignment
 from fedcluster_app.core.data import scenario_names
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 QUICK = ROOT / "presets" / "quick.toml"
 
 
@@ -56,7 +56,7 @@ def test_resume_with_the_directory_alone_continues_that_run(tmp_path, capsys):
     """``fedcluster run --resume DIR`` (the README's command) reads the strategy, the scenario
     and the rest of the run config from DIR (a finished run: nothing to do); flags given beside
     it still win, and a run that is not DIR's is refused. (Resuming a killed run:
-    test_nothing_lost.py.)"""
+    tests/core/results/test_nothing_lost.py.)"""
     out = tmp_path / "r"
     assert main(["run", "--strategy", "oracle", "--run-config", str(QUICK), "--out", str(out),
                  "--set", "progress=false", "--set", "plot=false"]) == 0

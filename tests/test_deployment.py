@@ -19,6 +19,7 @@ from fedcluster_app.core.results import load_run
 from fedcluster_app.core.server.strategy import read_checkpoint
 from fedcluster_app.deploy import STATE_FILE, LocalDeployment, make_node_keys
 from fedcluster_app.launcher import free_port, run_on_deployment
+from tests.support import alive
 
 pytestmark = pytest.mark.slow
 
@@ -33,16 +34,6 @@ def small_run(out: Path, **extra) -> dict:
 def checkpoint_clients(out: Path) -> dict[int, dict]:
     meta, _ = read_checkpoint(out)
     return {c["cid"]: c for c in meta["clients"]}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie has exited; an init that never reaps (some containers) keeps it listed
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.is_file() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def live_in_groups(pgids: set[int]) -> list[int]:

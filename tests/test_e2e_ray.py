@@ -10,22 +10,10 @@ import pytest
 
 from fedcluster_app.core.results import load_run
 from fedcluster_app.engine import run_inprocess
+from tests.support import ROOT, fedcluster, superlinks
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 QUICK = ROOT / "presets" / "quick.toml"
-
-
-def fedcluster(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedcluster_app.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
-
-
-def superlinks() -> set[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True)
-    return {line.split()[0] for line in ps.stdout.splitlines() if "flower-superlink" in line}
-
-
 FEDRC = ROOT / "presets" / "fedrc-shifts3.toml"
 CASES = {
     # strategy: (preset, extra run-config keys, the last round line, metrics compared)

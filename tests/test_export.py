@@ -18,6 +18,7 @@ from fedcluster_app.core.server.checkpoint import read_checkpoint, write_checkpo
 from fedcluster_app.engine import InProcessGrid, run_inprocess
 from fedcluster_app.export import export_run
 from fedcluster_app.serving import load_run
+from tests.support import FAST, ROOT
 
 #: clients 2 (it drifts to the swapped concept at step 3) and 7 (it stays) never join the run
 HELD_OUT = (2, 7)
@@ -36,8 +37,6 @@ class WithoutHeldOut(InProcessGrid):
 def ifca_run(tmp_path_factory):
     """IFCA on the tests' fast scenario (K = 2, seed 0: the two concepts recovered), clients
     2 and 7 withheld, exported at the end by the run-config switch."""
-    from conftest import FAST
-
     out = tmp_path_factory.mktemp("ifca") / "run"
     summary = run_inprocess({**FAST, "strategy": "ifca", "out-dir": str(out), "export": True,
                              "min-nodes": 8}, grid_cls=WithoutHeldOut)
@@ -257,8 +256,6 @@ def test_the_personal_record_names_are_the_clients_own():
 def test_a_tables_class_names_are_saved_and_read_back(tmp_path, capsys):
     """The README's table of users (class names numbered in sorted order): the manifest names
     the classes, and raw rows of the file predict and route with their own labels."""
-    from conftest import ROOT
-
     table = ROOT / "examples" / "data" / "iris_users.csv"
     run_inprocess({"strategy": "fedavg", "scenario": "dataset-static", "dataset": f"csv:{table}",
                    "label-column": "species", "partition-column": "user",

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import ROOT
 
 FORMS = [["list"], *(["list", what] for what in ("strategies", "scenarios", "federations",
                                                   "config", "params", "presets", "protocols")),

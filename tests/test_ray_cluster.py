@@ -24,8 +24,8 @@ from fedcluster_app.core.results import load_run
 from fedcluster_app.engine import run_inprocess
 from fedcluster_app.launcher import (check_ray_address, free_port, profile, simulation_env,
                                      stop_process_group)
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 QUICK = ROOT / "presets" / "quick.toml"
 RAY = str(Path(sys.executable).parent / "ray")
 SMALL = {"strategy": "fedavg", "num-clients": 4, "num-steps": 2}   # 4 rounds of 4 clients

@@ -15,9 +15,9 @@ import pytest
 
 from fedcluster_app.core.results import load_run
 from fedcluster_app.core.server.strategy import read_checkpoint
+from tests.support import ROOT
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--scenario", "mixture-swap", "--set", "rounds-per-step=3",
         "--set", "local-steps=5", "--set", "samples-per-step=100", "--set", "test-samples=50",
         "--set", "checkpoint-every=2", "--set", "plot=false"]

@@ -9,7 +9,7 @@ fresh generator draws for a round's training, in one call (``core/sampling.py``)
   algorithm, the Fisher-Yates shuffle) on a generator's raw 64-bit outputs.
 
 Each states NumPy's arithmetic operation by operation, so that it gives the draws NumPy gives
-(``tests/test_sampling.py`` compares them). Imported only where it runs (``sampling.py`` loads
+(``tests/core/test_sampling.py`` compares them). Imported only where it runs (``sampling.py`` loads
 it on first use), so that importing the package does not load Numba; compiled once per machine
 and cached on disk beside this file.
 """

@@ -6,13 +6,13 @@ access): several checks per value, a dozen values per record, several records pe
 messages per client and round. For what this package builds itself (values of plain Python types,
 arrays it encoded, records it filled) the checks cannot fail, and on the paper's tiny models
 they cost more than the training. The functions here build the very objects Flower's public API
-builds (``tests/test_base_features.py`` compares them) by filling the private fields of flwr
+builds (``tests/core/test_flower_fast.py`` compares them) by filling the private fields of flwr
 1.41's classes (``__dict__``, a record's ``_data``, a message's ``_metadata``) directly, and read
 a record's storage in place. Anything they are not sure of (a NumPy scalar, a mixed list, a
 message type not seen yet) still goes through Flower's constructor and its checks.
 
 ``FAST_PATH`` is the one switch: with it False every function here goes through Flower's public
-API instead, and messages and their arrays stay the same (``tests/test_base_features.py`` builds
+API instead, and messages and their arrays stay the same (``tests/core/test_flower_fast.py`` builds
 them both ways); ``fast_path(False)`` turns it off for a block. No other module of the package
 touches Flower's private fields for speed: they call these functions.
 """

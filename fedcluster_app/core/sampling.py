@@ -16,7 +16,7 @@ them in compiled code (Numba):
 
 This is NumPy's path for ``n <= 10000`` or ``size <= n // 50`` with the default ``PCG64`` bit
 generator; anything else (another bit generator, the tail-shuffle path of large ``size``)
-falls back to calling ``choice``. ``tests/test_sampling.py`` checks the equality, state after
+falls back to calling ``choice``. ``tests/core/test_sampling.py`` checks the equality, state after
 included, over random populations, sizes, seeds and leftover halves.
 """
 

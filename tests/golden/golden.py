@@ -26,7 +26,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT = HERE / "metrics.jsonl"
 
-# The tests' fast setting (tests/conftest.py): 10 clients, 6 steps, a label swap at step 3.
+# The tests' fast setting as recorded (tests/support.py's FAST): 10 clients, 6 steps, a label
+# swap at step 3.
 FAST = {"scenario": "mixture-swap", "rounds-per-step": 2, "local-steps": 5,
         "samples-per-step": 100, "test-samples": 50, "progress": False, "plot": False}
 QUIET = {"progress": False, "plot": False}

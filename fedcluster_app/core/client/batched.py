@@ -20,8 +20,8 @@ which continues each row's own state; PyTorch jobs with a state train per client
 
 Every job keeps the minibatches its client drew from its own random stream, so batched and
 per-client runs see the same data in the same order and agree up to floating-point rounding
-(``tests/test_batched.py`` checks each family). Models with buffers (batch norm) or frozen
-parameters train per client.
+(``tests/core/client/test_batched.py`` checks each family). Models with buffers (batch norm)
+or frozen parameters train per client.
 """
 
 from __future__ import annotations

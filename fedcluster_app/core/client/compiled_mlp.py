@@ -6,7 +6,7 @@ It states NumPy's arithmetic operation by operation: the same IEEE operations in
 double-precision kernels do; NumPy's orders for sums over an axis, ``_pairwise``; libm's ``exp``
 and ``log``). libm's are NumPy's own on processors without AVX-512; on those with it NumPy runs
 vectorised ``exp`` and ``log`` of its own, which can differ in the last bit, and the compiled
-trainer still gives libm's numbers (``tests/test_compiled.py``).
+trainer still gives libm's numbers (``tests/core/client/test_compiled.py``).
 
 Also here, on the same pairwise sum: ``squared_distances``, the squared norm of a model's update
 (``core/server/strategy.py``, ``SentModel``, which uses it once this module is loaded, i.e. where the

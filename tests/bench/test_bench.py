@@ -1,0 +1,303 @@
+"""`fedcluster bench`: the scoring rule, ranks, the matrix, and a tiny matrix end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedcluster_app.bench import matrix as M
+from fedcluster_app.bench import report as R
+from fedcluster_app.bench.scores import drift_steps, score_run
+from tests.support import ROOT
+
+
+def _records(current: dict[int, float], nxt: dict[int, float], rps: int, steps: int) -> list[dict]:
+    """metrics.jsonl rows of a base-protocol run: ``current`` by round, ``nxt`` by step t
+    (the score on step t+1 at the end of step t)."""
+    rows = []
+    for rnd in range(1, steps * rps + 1):
+        t = (rnd - 1) // rps + 1
+        r = {"round": rnd, "time_step": t, "accuracy_current": current[rnd], "num_clusters": 2,
+             "assignments": {"0": 0, "1": 1}}
+        if rnd == t * rps and t in nxt:
+            r.update(accuracy_next=nxt[t], next_step=t + 1)
+        rows.append(r)
+    return rows
+
+
+def test_drift_steps_are_the_steps_where_a_concept_changes():
+    concepts = np.array([[0, 0], [0, 0], [1, 0], [1, 0], [0, 0]])
+    assert drift_steps(concepts) == [3, 5]
+    assert drift_steps(np.zeros((4, 3), dtype=int)) == []
+
+
+def test_score_run_drop_recovery_and_the_scored_steps():
+    # 4 steps of 3 rounds; a drift into step 3; step 4 (the last) is not scored
+    concepts = np.array([[0, 0], [0, 0], [1, 0], [1, 0]])
+    current = {1: .5, 2: .7, 3: .8, 4: .85, 5: .9, 6: .9, 7: .6, 8: .89, 9: .95,
+               10: .1, 11: .1, 12: .1}
+    nxt = {1: .8, 2: .4, 3: .9}
+    s = score_run({"bytes_up": 10, "bytes_down": 20, "wall_time_s": 1.5},
+                  _records(current, nxt, 3, 4), concepts, 3)
+    assert s["acc_current"] == pytest.approx(np.mean([current[r] for r in range(1, 10)]))
+    assert s["acc_next"] == pytest.approx(np.mean([.8, .4, .9]))
+    assert s["acc_final"] == pytest.approx(.95)            # end of step T = 3, not round 12
+    assert s["drift_events"] == [{"step": 3, "drop": pytest.approx(.5), "recovered": 2}]
+    assert s["drop"] == pytest.approx(.5) and s["recover_rounds"] == 2
+    assert s["not_recovered"] == 0
+    assert s["clusters"] == 2 and s["bytes_up"] == 10
+    assert s["series"]["round"] == list(range(1, 10))
+
+
+def test_score_run_counts_a_drift_not_recovered_within_its_step():
+    concepts = np.array([[0], [0], [1], [1]])
+    current = {r: .9 for r in range(1, 7)} | {7: .3, 8: .5, 9: .8, 10: .9, 11: .9, 12: .9}
+    s = score_run({}, _records(current, {1: .9, 2: .2, 3: .8}, 3, 4), concepts, 3)
+    assert s["drift_events"][0]["recovered"] is None
+    assert s["not_recovered"] == 1 and s["recover_rounds"] is None
+
+
+def test_score_run_needs_the_common_scoring_rule():
+    rows = [{"round": 1, "time_step": 1, "accuracy": .9}]
+    with pytest.raises(ValueError, match="score-next-step"):
+        score_run({}, rows, np.zeros((2, 1), dtype=int), 1)
+
+
+def test_ranks_share_ties_and_skip_runs_that_did_not_finish():
+    rows = [{"scenario": "a", "strategy": s, "status": st, "acc_next": v}
+            for s, st, v in [("x", "completed", .9), ("y", "completed", .9),
+                             ("z", "completed", .5), ("w", "cannot run", None)]]
+    assert R.ranks(rows, "acc_next") == {"a": {"x": 1.5, "y": 1.5, "z": 3.0}}
+
+
+def test_matrix_names_are_checked_with_a_suggestion():
+    with pytest.raises(ValueError, match=r"unknown shift 'consept'.*did you mean 'concept'"):
+        M.check_names("shift", ["consept"], M.SHIFTS)
+    scs = M.scenarios(("digits",), ("label", "mix"), ("sudden", "recurring"))
+    assert [s.key for s in scs] == ["digits/mix/none", "digits/label/sudden",
+                                    "digits/label/recurring", "digits/mix/sudden",
+                                    "digits/mix/recurring"]
+    assert scs[1].scenario == "digits-prior"
+    assert M.BenchScenario("mixture", "concept", "sudden").scenario == "mixture-swap"
+
+
+def test_every_matrix_scenario_is_in_the_catalogue():
+    from fedcluster_app.core.data import scenario_names
+
+    names = set(scenario_names())
+    missing = {s.scenario for s in M.scenarios() if s.scenario not in names}
+    assert not missing, missing
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory):
+    """A 2-scenario x 3-strategy x 1-seed matrix of very short runs, through the CLI."""
+    from fedcluster_app.cli import main
+
+    root = tmp_path_factory.mktemp("bench")
+    argv = ["bench", "--datasets", "mixture", "--shifts", "concept", "--patterns", "sudden",
+            "--strategies", "fedavg", "oracle", "feddrift", "--seeds", "0",
+            "--runs-dir", str(root / "runs"), "--report", str(root / "doc" / "bench.md"),
+            "--set", "num-steps=4", "--set", "rounds-per-step=2", "--set", "local-steps=5"]
+    assert main(argv) == 0
+    return root, argv
+
+
+def test_bench_writes_the_leaderboard_data_and_plots(tiny_bench):
+    root, _ = tiny_bench
+    rows = R.read_rows(root / "doc" / "bench" / "runs.jsonl")
+    assert {(r["scenario"], r["strategy"]) for r in rows} == {
+        (sc, s) for sc in ("mixture/mix/none", "mixture/concept/sudden")
+        for s in ("fedavg", "oracle", "feddrift")}
+    assert all(r["status"] == "completed" for r in rows), rows
+    drifted = {r["strategy"]: r for r in rows if r["scenario"] == "mixture/concept/sudden"}
+    assert [e["step"] for e in drifted["fedavg"]["drift_events"]] == [3]
+    # the Oracle knows the concepts: its clusters are the truth, FedAvg's one cluster is not
+    assert drifted["oracle"]["ari"] > drifted["fedavg"]["ari"]
+    assert all(r["drift_events"] == [] for r in rows if r["scenario"] == "mixture/mix/none")
+    doc = (root / "doc" / "bench.md").read_text()
+    assert "fedcluster bench --datasets mixture" in doc
+    assert "## Leaderboard" in doc and "### mixture/concept/sudden" in doc
+    for png in ("accuracy-mixture.png", "clusters-mixture.png", "bytes.png",
+                "assignments-mixture-concept-sudden.png", "confusion-mixture-concept-sudden.png"):
+        assert (root / "doc" / "bench" / png).stat().st_size > 0, png
+        assert f"bench/{png}" in doc
+
+
+def test_bench_reuses_finished_runs(tiny_bench, capsys):
+    from fedcluster_app.cli import main
+
+    root, argv = tiny_bench
+    summary = root / "runs" / "mixture" / "concept" / "sudden" / "oracle" / "seed0" / "summary.json"
+    before = summary.read_text()
+    first = (root / "doc" / "bench" / "runs.jsonl").read_text()
+    assert main(argv) == 0
+    assert "6 finished before" in capsys.readouterr().out
+    assert summary.read_text() == before
+    assert (root / "doc" / "bench" / "runs.jsonl").read_text() == first
+
+
+def test_rows_of_an_earlier_bench_stand_for_runs_whose_directories_are_gone(tiny_bench, capsys):
+    from fedcluster_app.cli import main
+
+    root, argv = tiny_bench
+    first = R.read_rows(root / "doc" / "bench" / "runs.jsonl")
+    assert all(r["protocol"]["rounds-per-step"] == 2 for r in first)
+    out = root / "regrown"
+    argv2 = list(argv) + ["--reuse-rows", str(root / "doc" / "bench" / "runs.jsonl")]
+    argv2[argv2.index("--runs-dir") + 1] = str(out / "runs")
+    argv2[argv2.index("--report") + 1] = str(out / "bench.md")
+    assert main(argv2) == 0
+    assert "0 finished before, 6 from earlier rows, 0 cannot run, 0 to run" in capsys.readouterr().out
+    assert not (out / "runs").exists()
+    assert R.read_rows(out / "bench" / "runs.jsonl") == first
+
+
+def test_an_earlier_row_counts_only_for_its_own_protocol():
+    from fedcluster_app.bench.runner import reusable_rows
+
+    sc = M.BenchScenario("mixture", "label", "sudden")
+    protocol = tuple(sorted(M.PROTOCOL.items()))
+    cell = M.Cell(sc, "fedavg", 0, protocol)
+    row = {"scenario": sc.key, "strategy": "fedavg", "seed": 0, "status": "completed",
+           "protocol": dict(protocol)}
+    assert reusable_rows([row], [cell]) == {cell: row}
+    longer = M.Cell(sc, "fedavg", 0, tuple(sorted({**M.PROTOCOL, "rounds-per-step": 6}.items())))
+    assert reusable_rows([row], [longer]) == {}
+    assert reusable_rows([{**row, "seed": 1}], [cell]) == {}
+    assert reusable_rows([{**row, "status": "failed"}], [cell]) == {}
+    # a row that does not say what it was run with stands for nothing
+    assert reusable_rows([{k: v for k, v in row.items() if k != "protocol"}], [cell]) == {}
+
+
+def test_bench_refuses_a_bad_protocol_before_running_anything(tmp_path, capsys):
+    from fedcluster_app.cli import main
+
+    code = main(["bench", "--quick", "--runs-dir", str(tmp_path / "r"),
+                 "--set", "rounds-per-stepp=3"])
+    assert code == 2
+    assert "'rounds-per-stepp'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_rows_round_trip(tmp_path):
+    rows = [{"scenario": "a", "strategy": "x", "acc_next": 0.5, "series": {"round": [1]}}]
+    R.write_rows(rows, tmp_path / "d" / "runs.jsonl")
+    assert R.read_rows(tmp_path / "d" / "runs.jsonl") == rows
+    assert json.loads((tmp_path / "d" / "runs.jsonl").read_text().splitlines()[0]) == rows[0]
+
+
+def test_the_process_pool_runs_every_cell(tmp_path):
+    from fedcluster_app.bench.runner import run_matrix
+
+    protocol = tuple(sorted({**M.PROTOCOL, "num-steps": 3, "rounds-per-step": 1,
+                             "local-steps": 2}.items()))
+    sc = M.BenchScenario("mixture", "label", "sudden")
+    cells = [M.Cell(sc, s, seed, protocol) for s in ("fedavg", "local") for seed in (0, 1)]
+    logs: list[str] = []
+    rows, ran = run_matrix(cells, tmp_path, workers=2, log=logs.append)
+    assert [r["status"] for r in rows] == ["completed"] * 4, logs
+    assert [(r["strategy"], r["seed"]) for r in rows] == [("fedavg", 0), ("fedavg", 1),
+                                                          ("local", 0), ("local", 1)]
+    assert ran == 4 and sum(line.startswith("[") for line in logs) == 4
+    # a second call finds them finished and runs nothing
+    again, ran = run_matrix(cells, tmp_path, workers=2, log=logs.append)
+    assert ran == 0 and again == rows
+
+
+def test_a_strategy_that_refuses_a_scenario_is_listed_with_its_reason(tmp_path):
+    protocol = tuple(sorted({**M.PROTOCOL, "num-steps": 1, "rounds-per-step": 1}.items()))
+    sc = M.BenchScenario("mixture", "label", "sudden")
+    refusing, running = (M.Cell(sc, s, 0, protocol) for s in ("feddrift", "fedavg"))
+    why = M.cannot_run(refusing, refusing.run_config(1))
+    assert "at least 2 time steps" in why
+    assert M.cannot_run(running, running.run_config(1)) is None
+    # in the tables: the row says why, the list at the end names it, it is never ranked
+    rows = [{"scenario": sc.key, "data": "mixture", "shift": "label", "pattern": "sudden",
+             "catalogue": sc.scenario, "strategy": "feddrift", "seed": 0,
+             "status": "cannot run", "reason": why}]
+    table = "\n".join(R.scenario_table({"feddrift": rows}, ["feddrift"]))
+    assert "| feddrift | cannot run: " in table and "at least 2 time steps" in table
+    assert "at least 2 time steps" in "\n".join(R.cannot_run_list(rows))
+    assert R.ranks(rows, "acc_next") == {sc.key: {}}
+
+
+def test_a_cell_scores_against_the_scenario_its_run_builds():
+    # keys of the common protocol that move the drift (here drift-step) count when the bench
+    # rebuilds the scenario to find the drifts and the number of concepts
+    sc = M.BenchScenario("mixture", "mix", "sudden")
+    late = M.Cell(sc, "fedavg", 0, tuple(sorted({**M.PROTOCOL, "drift-step": 5}.items())))
+    default = M.Cell(sc, "fedavg", 0, tuple(sorted(M.PROTOCOL.items())))
+    assert drift_steps(M.bench_scenario(default).concept_matrix()) == [3]
+    assert drift_steps(M.bench_scenario(late).concept_matrix()) == [5]
+    assert M.num_concepts(default) == 4          # original + the three kinds of shift
+    assert M.num_concepts(M.Cell(M.BenchScenario("mixture", "mix", "none"), "fedavg", 0,
+                                 default.protocol)) == 1
+
+
+def test_concept_by_cluster_mass_comes_from_the_log_or_the_assignments():
+    # a protocol that logs no mass (FedDrift's): counted from the last scored round's clusters
+    # against that round's step's true concepts (round 4 of 2 per step is in step 2)
+    row = {"concepts": [[0, 0, 0], [0, 0, 0], [0, 1, 1]], "rounds_per_step": 2,
+           "series": {"round": [1, 2, 3, 4], "assignments": [[0, 0, 0]] * 3 + [[0, 2, None]],
+                      "concept_cluster_mass": None}}
+    assert R.concept_cluster_mass(row) == {"0": {"0": 1.0}, "1": {"2": 1.0}}
+    logged = {"0": {"0": 0.7, "1": 0.3}}
+    assert R.concept_cluster_mass({**row, "series": {**row["series"],
+                                                     "concept_cluster_mass": logged}}) == logged
+    # no clusters at all: nothing to draw
+    unassigned = {**row, "series": {**row["series"], "assignments": [[None] * 3] * 4,
+                                    "concept_cluster_mass": {"0": {}}}}
+    assert R.concept_cluster_mass(unassigned) is None
+
+
+def test_bench_writes_under_the_runs_directory_unless_a_report_is_named(tmp_path, monkeypatch):
+    """Nothing a bench writes lands outside its runs directory unless --report names a page:
+    run from a checkout, the default never touches the committed docs/benchmark/README.md."""
+    from fedcluster_app.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--datasets", "mixture", "--shifts", "label", "--patterns", "sudden",
+                 "--skip-static", "--strategies", "fedavg", "--seeds", "0", "--set", "num-steps=3",
+                 "--set", "rounds-per-step=1", "--set", "local-steps=2"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["bench"]
+    page = tmp_path / "runs" / "bench" / "benchmark.md"
+    assert "fedcluster bench --datasets mixture" in page.read_text()
+    rows = R.read_rows(tmp_path / "runs" / "bench" / "benchmark" / "runs.jsonl")
+    assert [(r["scenario"], r["status"]) for r in rows] == [("mixture/label/sudden", "completed")]
+    assert (tmp_path / "runs" / "bench" / "benchmark" / "bytes.png").stat().st_size > 0
+    assert "## Reading" not in page.read_text()   # the hand-written reading is docs/'s own
+
+
+def test_the_smoke_matrix_has_its_own_runs_directory_and_a_named_report_wins():
+    from fedcluster_app.bench.command import output_paths
+    from fedcluster_app.cli import _parser
+
+    def paths(*argv: str) -> tuple[str, str]:
+        return tuple(p.as_posix() for p in output_paths(_parser().parse_args(["bench", *argv])))
+
+    assert paths() == ("runs/bench", "runs/bench/benchmark.md")
+    # the quick runs are shorter: they must never stand for the full matrix's runs
+    assert paths("--quick") == ("runs/bench-quick", "runs/bench-quick/benchmark.md")
+    assert paths("--runs-dir", "/x/r") == ("/x/r", "/x/r/benchmark.md")
+    assert paths("--report", "docs/benchmark/README.md") == ("runs/bench", "docs/benchmark/README.md")
+
+
+def test_a_page_named_readme_keeps_its_rows_and_plots_beside_it():
+    from pathlib import Path
+
+    from fedcluster_app.bench.command import report_folder
+
+    assert report_folder(Path("runs/bench/benchmark.md")) == Path("runs/bench/benchmark")
+    assert report_folder(Path("docs/benchmark/README.md")) == Path("docs/benchmark")
+
+
+def test_the_committed_page_names_its_own_path_in_its_regenerate_command():
+    """docs/benchmark/README.md is rewritten only by a command that names it; the page says which."""
+    page = (ROOT / "docs" / "benchmark" / "README.md").read_text()
+    command = page.split("```bash\n", 1)[1].split("\n", 1)[0]
+    assert command.startswith("fedcluster bench ") and "--report docs/benchmark/README.md" in command
+    assert "--reuse-rows docs/benchmark/runs.jsonl" in command

@@ -1,0 +1,1 @@
+"""Tests of fedcluster_app.families.fedrc."""
