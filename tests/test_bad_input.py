@@ -132,3 +132,52 @@ def test_a_schedule_with_an_out_of_range_concept_id_names_the_file(fast_config, 
     with pytest.raises(ValueError, match=rf"schedule file '{cp}', line 2: concept id "
                                          r"99999999999999999999 is out of range"):
         run_inprocess(fast_config(scenario="circle2", schedule=str(cp)), client_app=CountingApp())
+
+
+@pytest.mark.parametrize("bind", [False, True])
+def test_with_bind_client_ids_no_other_node_takes_over_a_client_id(fast_config, caplog, bind):
+    """Client 4's node stops answering after round 2; from round 4 another node claims
+    client id 4. Without bind-client-ids it takes the client over (a device that came back
+    under a new node id, as without authentication); with it, the first node owns the id for
+    the run: the newcomer is refused and logged, and it never trains as client 4."""
+    from fedcluster_app.client_app import app as honest
+    from fedcluster_app.core.config import default_run_config, merge_overrides
+    from fedcluster_app.engine import InProcessGrid
+    from fedcluster_app.server_app import run_server
+
+    class LateNode(InProcessGrid):   # node 10 (the claimant) joins from round 4
+        round = 0
+
+        def get_node_ids(self):
+            ids = list(self.contexts)
+            return ids if self.round >= 4 else ids[:10]
+
+    def app(msg, ctx):
+        config = msg.content["config"]
+        grid.round = max(grid.round, int(config.get(P.ROUND, 0)))
+        if ctx.node_config["client-id"] == 4 and ctx.node_id == owner and grid.round >= 3:
+            raise ConnectionError("device offline")
+        return honest(msg, ctx)
+
+    rc = merge_overrides(default_run_config(),
+                         fast_config(strategy="fedavg", num_steps=3, bind_client_ids=bind))
+    grid = LateNode(rc, 11, client_app=app,
+                    node_config=lambda i: {"client-id": 4 if i == 10 else i})
+    owner = list(grid.contexts)[4]
+    claimant = list(grid.contexts)[10]
+    caplog.set_level("INFO", logger="flwr")
+    summary = run_server(grid, rc)
+    _, rounds = load_run(Path(summary["out_dir"]))
+    assert summary["status"] == "completed"
+    trained_4_late = [r["round"] for r in rounds[4:] if 4 not in r["failed_clients"]]
+    from fedcluster_app.core.server.checkpoint import read_checkpoint
+
+    owners = {c["cid"]: c["owner"] for c in read_checkpoint(Path(summary["out_dir"]))[0]["clients"]}
+    if bind:
+        assert f"node {claimant} refused: client id 4 belongs to node {owner}" in caplog.text
+        assert trained_4_late == []   # client 4 is its owner's only: offline, it misses rounds
+        assert owners[4] == owner     # kept for a resumed run
+    else:
+        assert f"client 4 is back on node {claimant}" in caplog.text
+        assert trained_4_late == [5, 6]
+        assert set(owners.values()) == {None}

@@ -301,6 +301,11 @@ class FederationSettings(HParams):
     round_timeout: float = param(600.0, "seconds a round may take: one deadline for all its "
                                  "exchanges; an instruction expires with it and a later reply "
                                  "is dropped", gt=0)
+    bind_client_ids: bool = param(False, "true (with SuperNode authentication, where a node id "
+                                  "is its device's key): the first node that claims a client "
+                                  "id owns it for the run, also after a resume; another node "
+                                  "claiming it is refused, and personal state goes only to its "
+                                  "owner")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,10 @@
 A node is asked its logical client id once (``query.info``); the reply is checked (a client id
 inside the scenario's clients, sane metrics) and the node admitted, or refused with the reason
 kept for the run's health line. A client id already held by a node that still answers is
-refused to a second node; a client that comes back on another node keeps its cluster. A
+refused to a second node; a client that comes back on another node keeps its cluster. With
+``bind-client-ids`` a client id belongs to the first node that claimed it, for the whole run
+(its owner is checkpointed): under SuperNode authentication a node id is its device's key, so
+another device can never take a client id over, with its cluster and its personal state. A
 resumed run puts each admitted client's checkpointed state back as it is discovered.
 """
 
@@ -39,6 +42,7 @@ class ClientRecord:
     num_examples: int = 0
     last_round: int = 0                      # last round this client answered
     failures: int = 0
+    owner: int | None = None                 # bind-client-ids: the node that claimed it first
 
 
 class NodeDirectory:
@@ -82,6 +86,12 @@ class NodeDirectory:
                 continue
             self.errors.pop(node, None)
             rec = s.clients.get(cid)
+            if s.cfg.bind_client_ids and rec is not None and rec.owner not in (None, node):
+                log(ERROR, "node %d refused: client id %d belongs to node %d for this run "
+                    "(bind-client-ids)", node, cid, rec.owner)
+                self.unidentifiable.add(node)   # never asked again
+                self.errors[node] = f"refused: client id {cid} belongs to node {rec.owner}"
+                continue
             if rec is not None and rec.node_id not in (None, node) and self.holder_alive(rec):
                 if node not in self.refused_duplicates:
                     log(ERROR, "node %d refused: client id %d is already held by node %d, which is "
@@ -98,6 +108,8 @@ class NodeDirectory:
                 rec = s.clients[cid] = ClientRecord(cid)
                 new.append(cid)
             rec.node_id = node
+            if s.cfg.bind_client_ids and rec.owner is None:
+                rec.owner = node
             rec.num_examples = num_examples
         if s.checkpoints.pending_states:
             s.checkpoints.restore(grid, mapped)
