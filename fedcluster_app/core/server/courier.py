@@ -95,7 +95,7 @@ class Courier:
             except Exception as ex:   # a strategy's own check tripped on a hostile reply
                 self.fail(cid, f"{wire_kind} reply rejected: {type(ex).__name__}: {ex}")
                 continue
-            s.round_stats.bytes_up += codec.nbytes(msg.content)
+            s.round_stats.bytes_up += reply.nbytes
             s.clients[cid].last_round = s.round
             out.append(reply)
         for node, (cid, _, _) in sent.items():

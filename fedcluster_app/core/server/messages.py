@@ -53,6 +53,7 @@ class Reply:
     models: dict[int, Weights] = field(default_factory=dict)
     model_metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
     extras: dict[str, Weights] = field(default_factory=dict)   # checked by the strategy
+    nbytes: int = 0   # its arrays' payload (the communication accounting's bytes up)
 
     @property
     def num_examples(self) -> int:
@@ -169,7 +170,7 @@ def _validate(msg, cid, task, shapes, dtypes, max_examples, asked) -> Reply:
     # client's bad classifier rows and still averages its extractor)
     extras = {name: _numeric(f"extra {name!r}", arrays, None, finite=False)
               for name, arrays in codec.unpack_extras(content).items()}
-    return Reply(cid, metrics, models, model_metrics, extras)
+    return Reply(cid, metrics, models, model_metrics, extras, size)
 
 
 _ANY_NUMBER = frozenset((None, "scalar"))
