@@ -26,9 +26,11 @@ or frozen parameters train per client.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -40,6 +42,7 @@ from fedcluster_app.core.client import kernels
 from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.models import (
     ModelSpec,
+    build_model,
     cached_model,
     get_weights,
     scratch_model,
@@ -267,7 +270,7 @@ def _forward_probe(spec: ModelSpec, batch_size: int) -> tuple[int, int]:
 def _stacked_or_split(jobs: list[FitJob]) -> list[FitResult]:
     """The jobs as one stacked program when it pays, else one by one; a program too large
     for the GPU splits in halves (each job's arithmetic is its own either way)."""
-    if not chunk_pays([len(j.batches) for j in jobs]):
+    if not stacking_pays(jobs[0].spec, jobs[0].device, [len(j.batches) for j in jobs]):
         return [_torch_one(job) for job in jobs]
     try:
         return _torch_stacked(jobs)
@@ -286,8 +289,70 @@ def _too_large(ex: Exception) -> bool:
 
 
 def chunk_pays(steps: list[int]) -> bool:
-    """Whether one stacked program beats the jobs one by one."""
+    """Whether one stacked program beats the jobs one by one, by their steps alone."""
     return len(steps) > 1 and sum(steps) > BATCHED_STEP_COST * max(steps)
+
+
+#: on a CPU, stacking pays for models of at most this many multiply-adds per sample: a small
+#: model's step is mostly per-call overhead, which one stacked program pays once for all
+#: clients; a larger one is compute-bound, and the stacked (batched-matmul, grouped
+#: convolution) kernels are slower than the per-client ones. Measured with
+#: benchmarks/bench_batching.py (docs/operations/performance.md): stacked / one by one at
+#: 10 and 50 clients was 0.1-0.6 up to ~92k (MLP 784-64, the CNN on 8x8), about 1.0 at
+#: ~100k-370k (MLP 784-128, the CNN on 16x16), 1.1-1.5 above (MLP 784-200, the CNN on 28x28).
+CPU_STACKED_MACS = 100_000
+
+
+def stacking_pays(spec: ModelSpec, device: str, steps: list[int]) -> bool:
+    """Whether one stacked PyTorch program of jobs with these step counts beats them one by
+    one: enough steps to share (``chunk_pays``) and, on a CPU, a model small enough
+    (``CPU_STACKED_MACS``). A rule of the model and the device, never a timing, so a seeded
+    run trains the same way on every machine. ``stacking_forced`` overrides it (to measure)."""
+    if getattr(_FORCE, "active", False):
+        return len(steps) > 1
+    if str(device).startswith("cpu") and macs_per_sample(spec) > CPU_STACKED_MACS:
+        return False
+    return chunk_pays(steps)
+
+
+@lru_cache(maxsize=64)
+def macs_per_sample(spec: ModelSpec) -> int:
+    """Multiply-adds of one sample's forward pass through the model's linear and convolution
+    layers (the work that decides whether stacking pays)."""
+    model = build_model(spec, 0)
+    total = 0
+
+    def count(module: torch.nn.Module, _inputs, output: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(module, torch.nn.Linear):
+            total += module.in_features * module.out_features
+        elif isinstance(module, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+            total += output.numel() * (module.in_channels // module.groups) * math.prod(
+                module.kernel_size)
+
+    hooks = [m.register_forward_hook(count) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros((1, *spec.input_shape)))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return total
+
+
+_FORCE = threading.local()   # stacking_forced() in this thread
+
+
+@contextlib.contextmanager
+def stacking_forced() -> Iterator[None]:
+    """Stack every group of PyTorch jobs that can be stacked, whether it pays or not (to
+    measure what stacking costs)."""
+    _FORCE.active = True
+    try:
+        yield
+    finally:
+        _FORCE.active = False
 
 
 def _groups(jobs: Sequence[FitJob], kernel_only: bool = False) -> dict[tuple, list[int]]:

@@ -348,3 +348,39 @@ def test_the_gpu_budget_counts_the_memory_pytorch_keeps_cached(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 10 * gib)
     assert batched.memory_budget("cuda:0") == int(batched.GPU_MEMORY_SHARE * 120 * gib)
     assert batched.memory_budget("cpu") == batched.BATCH_BYTES
+
+
+def test_stacking_is_chosen_by_the_models_size_on_a_cpu_and_kept_on_a_gpu():
+    """A rule of the model and the device (never a timing, so a seeded run trains the same
+    way everywhere): on a CPU, models above CPU_STACKED_MACS multiply-adds per sample train
+    one by one, where stacking measured slower (benchmarks/bench_batching.py)."""
+    from fedcluster_app.core.client.batched import (
+        CPU_STACKED_MACS,
+        macs_per_sample,
+        stacking_forced,
+        stacking_pays,
+    )
+
+    small_mlp = ModelSpec("mlp", (8,), 4, hidden=32)
+    digits_cnn = ModelSpec("cnn", (1, 8, 8), 10)
+    mnist_cnn = ModelSpec("cnn", (1, 28, 28), 10)
+    wide_mlp = ModelSpec("mlp", (784,), 10, hidden=200)
+    assert macs_per_sample(small_mlp) == 8 * 32 + 32 * 4
+    assert macs_per_sample(wide_mlp) == 784 * 200 + 200 * 10
+    steps = [5] * 10
+    for spec in (small_mlp, digits_cnn):
+        assert macs_per_sample(spec) <= CPU_STACKED_MACS and stacking_pays(spec, "cpu", steps)
+    for spec in (mnist_cnn, wide_mlp):
+        assert macs_per_sample(spec) > CPU_STACKED_MACS
+        assert not stacking_pays(spec, "cpu", steps) and stacking_pays(spec, "cuda:0", steps)
+        with stacking_forced():
+            assert stacking_pays(spec, "cpu", steps)
+    assert not stacking_pays(small_mlp, "cpu", [5])   # one job: nothing to share
+
+
+def test_a_model_trained_one_by_one_by_the_rule_gives_the_per_client_results():
+    cfg = TrainConfig(optimizer="sgd", lr=0.05, local_steps=3, batch_size=16)
+    spec = ModelSpec("mlp", (784,), 10, hidden=200)
+    jobs = _jobs(cfg, [40, 50, 60], spec=spec)
+    alone, batched = run_jobs(jobs), run_jobs_batched(jobs)
+    assert _gap(alone, batched) == 0.0   # the same code path: identical, not just close
