@@ -167,5 +167,5 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     ok = sum(1 for r in rows if r["status"] in R.OK)
     print(f"bench: {ok} of {len(rows)} runs finished; {time.time() - t0:.0f} s; leaderboard "
           f"{args.report}, data {data_file}")
-    print("\n".join(R.leaderboard(rows, strategies)))
+    print("\n".join(R.leaderboard(rows)))
     return 0

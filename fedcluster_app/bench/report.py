@@ -1,27 +1,29 @@
 """The bench's outputs from its per-run rows: the leaderboard (markdown), the rows themselves
 (JSON lines, the data behind every number) and the plots.
 
-Ranks: within a scenario, strategies are ranked by their mean over seeds (1 = best, ties share
-the mean rank), once by the next-step accuracy and once by the current-step accuracy; a strategy
-that cannot run or failed there is not ranked. The average rank is over the scenarios where the
-strategy was ranked (how many is in the table).
+Every rank, interval and test comes from :mod:`~fedcluster_app.bench.stats` (its docstring
+says how they are made): the leaderboard ranks the strategies but the references (the Oracle
+and Local, in their own table beside it) by the next-step accuracy (returns of an old concept
+scored apart, in their own section) and by the current-step accuracy; the Friedman tests with
+their critical-difference diagrams and the pairwise Wilcoxon-Holm tests follow it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedcluster_app.bench import stats as S
 from fedcluster_app.bench.matrix import PATTERNS, SHIFTS
+from fedcluster_app.bench.stats import OK
 from fedcluster_app.core.atomic import atomic_write_bytes
 from fedcluster_app.core.results.plots import new_figure, save_png
-
-OK = ("completed", "degraded")
 
 
 def write_rows(rows: list[dict], path: Path) -> None:
@@ -34,26 +36,34 @@ def read_rows(path: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------------- aggregation
-def _stats(values: Iterable[Any]) -> tuple[float, float, int] | None:
-    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if not vals:
-        return None
-    sd = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-    return float(np.mean(vals)), sd, len(vals)
+def _finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
 
 
 def _pm(values: Iterable[Any], digits: int = 3, scale: float = 1.0) -> str:
-    s = _stats(values)
-    if s is None:
+    """Mean ± the half-width of its 95% t-interval over the values (seeds); the mean alone
+    from one value."""
+    vals = _finite(values)
+    if not vals:
         return "n/a"
-    m, sd, n = s
-    text = f"{m * scale:.{digits}f} ± {sd * scale:.{digits}f}" if n > 1 else f"{m * scale:.{digits}f}"
-    return text
+    m, half, _ = S.interval(vals)
+    return _ci(m * scale, None if half is None else half * scale, digits)
+
+
+def _ci(mean: float, half: float | None, digits: int = 3) -> str:
+    if mean is None or not math.isfinite(mean):
+        return "n/a"
+    return f"{mean:.{digits}f}" + (f" ± {half:.{digits}f}" if half is not None
+                                   and math.isfinite(half) else "")
 
 
 def _plain(values: Iterable[Any], digits: int = 1, scale: float = 1.0) -> str:
-    s = _stats(values)
-    return "n/a" if s is None else f"{s[0] * scale:.{digits}f}"
+    vals = _finite(values)
+    return "n/a" if not vals else f"{np.mean(vals) * scale:.{digits}f}"
+
+
+def _p(p: float) -> str:
+    return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
 
 
 def group(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
@@ -64,24 +74,27 @@ def group(rows: list[dict]) -> dict[str, dict[str, list[dict]]]:
     return out
 
 
-def _ranks(means: dict[str, float]) -> dict[str, float]:
-    """1 = highest mean; ties share the mean of their ranks."""
-    order = sorted(means.values(), reverse=True)
-    return {s: float(np.mean([i + 1 for i, v in enumerate(order) if v == m]))
-            for s, m in means.items()}
+def rankings(rows: list[dict]) -> dict[str, S.Ranking] | str:
+    """Score label -> the ranking on it (:data:`~fedcluster_app.bench.stats.SCORES`), or why
+    the rows cannot be ranked."""
+    try:
+        return {label: S.ranking(rows, key) for label, key in S.SCORES.items()}
+    except ValueError as ex:
+        return str(ex)
 
 
-def ranks(rows: list[dict], key: str) -> dict[str, dict[str, float]]:
-    """scenario -> strategy -> rank by the mean of ``key`` over the strategy's finished seeds."""
-    out = {}
-    for scenario, by_strategy in group(rows).items():
-        means = {}
-        for strategy, rs in by_strategy.items():
-            s = _stats(r.get(key) for r in rs if r["status"] in OK)
-            if s is not None:
-                means[strategy] = s[0]
-        out[scenario] = _ranks(means)
-    return out
+def return_ranking(rows: list[dict]) -> S.Ranking | str:
+    """The ranking on the first of the return scores over the scenarios with a return of an old
+    concept, or why there is none."""
+    rows = S.with_event_scores(rows)
+    key = S.RETURN_RANKED
+    blocks = {r["scenario"] for r in rows if r.get(key) is not None}
+    if not blocks:
+        return "no scenario of these rows has the return of an old concept"
+    try:
+        return S.ranking(rows, key, blocks=blocks)
+    except ValueError as ex:
+        return str(ex)
 
 
 def _status_cell(rs: list[dict]) -> str | None:
@@ -100,32 +113,195 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def leaderboard(rows: list[dict], strategies: list[str]) -> list[str]:
-    """The overall table: average ranks and mean accuracies over every scenario."""
-    by_next, by_current = ranks(rows, "acc_next"), ranks(rows, "acc_current")
-    wins: dict[str, int] = {}
-    for r in by_next.values():
-        for s, v in r.items():
-            if v == min(r.values()):
-                wins[s] = wins.get(s, 0) + 1
+def leaderboard(rows: list[dict]) -> list[str]:
+    """The ranked strategies over every scenario: average rank (ties within noise), mean gap to
+    the best and mean accuracy with its interval over seeds, on both scores."""
+    rs = rankings(S.with_event_scores(rows))
+    if isinstance(rs, str):
+        return [f"Not ranked: {rs}."]
+    sums = {label: S.summary(r) for label, r in rs.items()}
+    nxt, cur = sums["next step"], sums["current step"]
+    table = [[s, f"{nxt.at[s, 'avg_rank']:.2f}", f"{nxt.at[s, 'gap']:.2f}",
+              _ci(nxt.at[s, "mean"], nxt.at[s, "half"]), f"{cur.at[s, 'avg_rank']:.2f}",
+              f"{cur.at[s, 'gap']:.2f}", _ci(cur.at[s, "mean"], cur.at[s, "half"]),
+              str(nxt.at[s, "top"])] for s in nxt.index]
+    return _table(["strategy", "avg rank, next step", "gap to best, next (points)",
+                   "acc next step", "avg rank, current step", "gap to best, current (points)",
+                   "acc current step", "first (next)"], table)
+
+
+def references_table(rows: list[dict]) -> list[str]:
+    """The references beside the ranking: mean accuracy and gap to the best ranked strategy."""
+    rs = rankings(S.with_event_scores(rows))
+    if isinstance(rs, str) or not rs["next step"].references:
+        return ["No reference among the rows." if not isinstance(rs, str) else f"Not ranked: {rs}."]
+    refs = {label: S.references(r) for label, r in rs.items()}
     table = []
-    for s in strategies:
-        rn = [r[s] for r in by_next.values() if s in r]
-        rc = [r[s] for r in by_current.values() if s in r]
-        ok = [r for r in rows if r["strategy"] == s and r["status"] in OK]
-        unable = {r["scenario"] for r in rows if r["strategy"] == s and r["status"] not in OK}
-        table.append([s, _plain(rn, 2), _plain(rc, 2), _pm((r["acc_next"] for r in ok), 3),
-                      _pm((r["acc_current"] for r in ok), 3), str(wins.get(s, 0)),
-                      f"{len(rn)} / {len(by_next)}" + (f" ({len(unable)} without)" if unable else "")])
-    table.sort(key=lambda row: (float(row[1]) if row[1] != "n/a" else math.inf, row[0]))
-    return _table(["strategy", "avg rank, next step", "avg rank, current step",
-                   "acc next step", "acc current step", "wins (next)", "scenarios ranked"], table)
+    for ref in refs["next step"].index:
+        cells = [ref]
+        for label in S.SCORES:
+            t = refs[label]
+            cells += [_ci(t.at[ref, "mean"], t.at[ref, "half"]), f"{t.at[ref, 'gap']:.2f}",
+                      f"{t.at[ref, 'above']} / {t.at[ref, 'blocks']}"]
+        table.append(cells)
+    return _table(["reference", "acc next step", "gap to best ranked, next (points)",
+                   "above every ranked (next)", "acc current step",
+                   "gap to best ranked, current (points)", "above every ranked (current)"], table)
 
 
-def scenario_table(scenario_rows: dict[str, list[dict]], strategies: list[str]) -> list[str]:
-    means = {s: _stats(r["acc_next"] for r in rs if r["status"] in OK)
-             for s, rs in scenario_rows.items()}
-    rank = _ranks({s: m[0] for s, m in means.items() if m is not None})
+def friedman_table(rs: dict[str, S.Ranking]) -> list[str]:
+    """Friedman's test and Nemenyi's critical difference over every block and per group."""
+    first = next(iter(rs.values()))
+    table = []
+    for g in [None, *S.groups(first)]:
+        try:
+            tests = {label: S.friedman(r, g) for label, r in rs.items()}
+        except ValueError as ex:
+            table.append([g or "all", "", "", "", str(ex)] + [""] * (2 * len(rs) - 1))
+            continue
+        f0 = next(iter(tests.values()))
+        table.append([g or "all", str(f0.n), str(f0.k), f"{f0.cd:.2f}"]
+                     + [v for f in tests.values() for v in (f"{f.statistic:.1f}", _p(f.p))])
+    return _table(["scenarios", "N", "k", f"CD (α = {S.ALPHA})"]
+                  + [h for label in rs for h in (f"χ², {label}", f"p, {label}")], table)
+
+
+def pairwise_table(r: S.Ranking) -> list[str]:
+    t = S.pairwise(r)
+    rows = []
+    for _, x in t.iterrows():
+        verdict = (f"**{x['winner']}** higher" if isinstance(x["winner"], str)
+                   else "not separated")
+        rows.append([x["a"], x["b"], str(x["blocks"]), str(x["a_better"]), str(x["b_better"]),
+                     f"{x['shift']:+.2f}", _p(x["p"]), _p(x["p_holm"]), verdict])
+    return _table(["A", "B", "scenarios", "A higher in", "B higher in", "shift A - B (points)",
+                   "p", "p (Holm)", f"at α = {S.ALPHA}"], rows)
+
+
+def _separated(r: S.Ranking) -> tuple[int, int]:
+    t = S.pairwise(r)
+    return int(t["winner"].map(lambda w: isinstance(w, str)).sum()), len(t)
+
+
+def _seeds_line(rows: list[dict]) -> str:
+    """How many seeds the cells have, and what fewer than the protocol's do to the page."""
+    per_cell = Counter((r["scenario"], r["strategy"]) for r in rows if r["status"] in OK)
+    if not per_cell:
+        return "No finished run."
+    least = min(per_cell.values())
+    line = (f"Seeds per scenario and strategy: {least}"
+            + (f" to {max(per_cell.values())}" if max(per_cell.values()) > least else "") + ".")
+    if least == 1:
+        line += (f" **That is below the {S.MIN_SEEDS} seeds the protocol asks**: one seed gives "
+                 f"no interval and no noise estimate (only equal means tie).")
+    elif least < S.MIN_SEEDS:
+        line += (f" **That is below the {S.MIN_SEEDS} seeds the protocol asks**, so the "
+                 f"intervals are wide (with {least} seeds the 95% half-width is "
+                 f"{S.t_quantile(least):.2f} · sd / √{least}) and fewer differences are told "
+                 f"apart than more seeds would tell.")
+    return line
+
+
+def statistics_section(rows: list[dict], cd_plots: list[str]) -> list[str]:
+    """The tests behind the leaderboard: how ties, intervals and tests are made, Friedman and
+    the critical-difference diagrams, the pairwise tests, the duplicate blocks left out."""
+    rows = S.with_event_scores(rows)
+    lines = [_seeds_line(rows), "",
+             ("- **Intervals**: mean ± the half-width of the 95% t-interval over seeds. For a "
+              "strategy over all scenarios, each seed's mean over them is one value."),
+             ("- **Ties within noise**: within a scenario, two means closer than one standard "
+              "error of their difference, s_p · √(1/n_a + 1/n_b) (s_p: the scenario's pooled "
+              "standard deviation over seeds), are within noise. Sorted by mean, a strategy "
+              "shares the rank of the tie group above it when it is within noise of that "
+              "group's best; the group shares the mean of its places."),
+             ("- **Friedman test** on those ranks (scipy, corrected for ties) over every "
+              "scenario and per shift (the no-drift scenarios a group of their own), with "
+              "Nemenyi's critical difference CD = q_α · √(k(k+1) / 6N): two average ranks "
+              "further apart than CD differ at α = 0.05. In the diagrams, a bar joins "
+              "strategies whose average ranks are within CD of each other."),
+             ("- **Pairwise**: Wilcoxon's signed-rank test on the scenario means of every pair "
+              "of ranked strategies (two-sided, zero differences dropped), Holm's correction "
+              "over all the pairs; the shift is the Hodges-Lehmann estimate (the median of "
+              "the differences' Walsh averages). \"A beats B\" on this page means A is the "
+              "higher with Holm's p below 0.05. `fedcluster_app.bench.stats.beats(rows, a, b)` "
+              "answers it for any pair."),
+             ""]
+    rs = rankings(rows)
+    if isinstance(rs, str):
+        return lines + [f"Not ranked: {rs}.", ""]
+    first = next(iter(rs.values()))
+    if first.left_out:
+        lines += ["Left out of the ranks and the tests (a duplicate counts once; a scenario "
+                  "without every ranked strategy is not a complete block):", ""]
+        lines += [f"- `{b}`: {why}" for b, why in first.left_out.items()] + [""]
+    lines += ["### Friedman test", "", *friedman_table(rs), ""]
+    for path in cd_plots:
+        lines += [f"![{Path(path).stem}]({path})", ""]
+    lines += ["### Pairwise tests", ""]
+    for label, r in rs.items():
+        sep, pairs = _separated(r)
+        lines += [f"**{label.capitalize()}** (`{r.key}`): {sep} of {pairs} pairs separated at "
+                  f"α = {S.ALPHA} after Holm's correction.", "", *pairwise_table(r), ""]
+    return lines
+
+
+def returns_section(rows: list[dict], cd_plots: list[str]) -> list[str]:
+    """The return of an old concept, scored as its own event."""
+    rows = S.with_event_scores(rows)
+    r = return_ranking(rows)
+    lines = [("A return is a drift into a step where every client that changes goes back to "
+              "a concept it held before (the `recurring` pattern's step 5). The next-step "
+              "score rewards not adapting there: a method that adapted to the drifted concept "
+              "pays the drop again when the old one comes back. So the ranked next-step score "
+              "leaves the returns out (`acc_next_no_return`), and the return is scored here: "
+              "**at the return** = the next-step accuracy on the returning step, before "
+              "adapting (what the next-step score used to count); **after the first round** = "
+              "the current-step accuracy after the returning step's first round (a method that "
+              "kept the old concept's model has it back at once). Ranks, the Friedman test and "
+              "the tests are those of the first round. The `staggered` pattern's step 5 mixes "
+              "returning clients with clients drifting for the first time; a run's accuracies "
+              "are means over its clients, so that step cannot be split and stays in the "
+              "next-step score."), ""]
+    if isinstance(r, str):
+        return lines + [f"Not ranked: {r}.", ""]
+    sums = S.summary(r)
+    table = []
+    for s in [*sums.index, *r.references]:
+        cells = [s if s in sums.index else f"{s} (reference)"]
+        for key in S.RETURN_SCORES.values():
+            vals = S.seed_values([x for x in rows if x["strategy"] == s
+                                  and x["scenario"] in r.means.index], key)
+            per_seed = vals.groupby("seed")["value"].mean()
+            cells.append(_ci(*S.interval(per_seed)[:2]) if len(per_seed) else "n/a")
+        cells += ([f"{sums.at[s, 'avg_rank']:.2f}", f"{sums.at[s, 'gap']:.2f}"]
+                  if s in sums.index else ["ref", "ref"])
+        table.append(cells)
+    lines += [f"Over the {len(r.means)} scenarios with a return:", "",
+              *_table(["strategy", *(f"acc {label}" for label in S.RETURN_SCORES),
+                       "avg rank (first round)", "gap to best (first round, points)"], table), ""]
+    try:
+        f = S.friedman(r)
+        sep, pairs = _separated(r)
+        lines += [f"Friedman test on the first round's ranks: χ² = {f.statistic:.1f}, p = "
+                  f"{_p(f.p)} (N = {f.n}, k = {f.k}, CD = {f.cd:.2f}); {sep} of {pairs} pairs "
+                  f"separated (Wilcoxon, Holm).", ""]
+    except ValueError as ex:
+        lines += [f"No Friedman test: {ex}.", ""]
+    for path in cd_plots:
+        lines += [f"![{Path(path).stem}]({path})", ""]
+    return lines
+
+
+def scenario_table(scenario_rows: dict[str, list[dict]], strategies: list[str],
+                   ranks: dict[str, float] | None = None,
+                   references: Iterable[str] = ()) -> list[str]:
+    """One scenario: every strategy's scores (mean ± 95% interval over seeds), its rank (``ranks``;
+    ``ref`` for a reference) and seeds; two columns more where the scenario has a return."""
+    scenario_rows = {s: S.with_event_scores(rs) for s, rs in scenario_rows.items()}
+    ranks, references = ranks or {}, set(references)
+    returns = any(r.get("acc_at_return") is not None
+                  for rs in scenario_rows.values() for r in rs)
+    extra = list(S.RETURN_SCORES.items()) if returns else []
     table = []
     for s in strategies:
         rs = scenario_rows.get(s)
@@ -133,22 +309,26 @@ def scenario_table(scenario_rows: dict[str, list[dict]], strategies: list[str]) 
             continue
         why = _status_cell(rs)
         if why:
-            table.append([s, why] + [""] * 11)
+            table.append((math.inf, [s, why] + [""] * (11 + len(extra))))
             continue
         ok = [r for r in rs if r["status"] in OK]
         mb = [(r["bytes_up"] or 0) + (r["bytes_down"] or 0) for r in ok]
         seeds = f"{len(ok)}" + (f" ({len(rs) - len(ok)} failed)" if len(ok) < len(rs) else "")
-        table.append([s, _pm(r["acc_next"] for r in ok), _pm(r["acc_current"] for r in ok),
-                      _pm(r["acc_final"] for r in ok), _pm((r["drop"] for r in ok), 3),
-                      _plain((r["recover_rounds"] for r in ok), 1),
-                      str(sum(r["not_recovered"] for r in ok)),
-                      _plain((r["ari"] for r in ok), 2), _plain((r["clusters"] for r in ok), 1),
-                      _plain(mb, 1, 1e-6), _plain((r["wall_time_s"] for r in ok), 1),
-                      f"{rank[s]:g}" if s in rank else "n/a", seeds])
-    table.sort(key=lambda row: float(row[-2]) if row[-2] not in ("n/a", "") else math.inf)
-    return _table(["strategy", "acc next step", "acc current step", "acc end of T", "drop at drift",
-                   "rounds to recover", "not recovered", "ARI", "clusters", "MB sent", "s/run",
-                   "rank", "seeds"], table)
+        rank = "ref" if s in references else (f"{ranks[s]:g}" if s in ranks
+                                              and math.isfinite(ranks[s]) else "n/a")
+        mean = _finite(r.get(S.HEADLINE) for r in ok)
+        table.append((-np.mean(mean) if mean else math.inf, [
+            s, _pm(r.get(S.HEADLINE) for r in ok), *(_pm(r.get(k) for r in ok) for _, k in extra),
+            _pm(r["acc_current"] for r in ok), _pm(r["acc_final"] for r in ok),
+            _pm((r["drop"] for r in ok), 3), _plain((r["recover_rounds"] for r in ok), 1),
+            str(sum(r["not_recovered"] for r in ok)), _plain((r["ari"] for r in ok), 2),
+            _plain((r["clusters"] for r in ok), 1), _plain(mb, 1, 1e-6),
+            _plain((r["wall_time_s"] for r in ok), 1), rank, seeds]))
+    table.sort(key=lambda row: row[0])
+    return _table(["strategy", "acc next step", *(f"acc {label}" for label, _ in extra),
+                   "acc current step", "acc end of T", "drop at drift", "rounds to recover",
+                   "not recovered", "ARI", "clusters", "MB sent", "s/run", "rank", "seeds"],
+                  [row for _, row in table])
 
 
 def cannot_run_list(rows: list[dict]) -> list[str]:
@@ -355,6 +535,98 @@ def plot_bytes(rows: list[dict], strategies: list[str], out: Path) -> Path:
     return save_png(fig, out)
 
 
+def _cliques(ranks: np.ndarray, cd: float) -> list[tuple[int, int]]:
+    """The maximal runs i..j of the sorted average ranks spanning less than ``cd`` (the
+    strategies no test tells apart), as index pairs."""
+    out: list[tuple[int, int]] = []
+    for i in range(len(ranks)):
+        j = max(j for j in range(i, len(ranks)) if ranks[j] - ranks[i] < cd)
+        if j > i and (not out or j > out[-1][1]):
+            out.append((i, j))
+    return out
+
+
+def _draw_cd(ax, f: S.Friedman, title: str) -> None:
+    """One critical-difference diagram (Demšar 2006, Fig. 1): the axis of average ranks, each
+    strategy hung from its rank (the better half on the left), bars joining strategies whose
+    average ranks are within the critical difference, the CD itself above the axis."""
+    names, r = list(f.avg_ranks.index), f.avg_ranks.to_numpy()
+    lo, hi = 1.0, float(f.k)
+    span = hi - lo
+    cliques = _cliques(r, f.cd)
+    half = (len(names) + 1) // 2
+    first_label = 0.35 + 0.18 * len(cliques)
+    step = 0.32
+    bottom = first_label + step * max(half, len(names) - half)
+    ax.set_xlim(lo - 0.42 * span, hi + 0.42 * span)
+    ax.set_ylim(-bottom - 0.2, 1.15)
+    ax.axis("off")
+    ax.plot([lo, hi], [0, 0], color="black", lw=1)
+    for x in range(1, f.k + 1):
+        ax.plot([x, x], [0, 0.1], color="black", lw=1)
+        ax.text(x, 0.16, str(x), ha="center", va="bottom", fontsize=8)
+    ax.plot([lo, lo + f.cd], [0.75, 0.75], color="black", lw=1.5)
+    for x in (lo, lo + f.cd):
+        ax.plot([x, x], [0.7, 0.8], color="black", lw=1)
+    ax.text(lo + f.cd / 2, 0.85, f"CD = {f.cd:.2f}", ha="center", va="bottom", fontsize=8)
+    for m, (i, j) in enumerate(cliques):
+        y = -(0.2 + 0.18 * m)
+        ax.plot([r[i] - 0.04, r[j] + 0.04], [y, y], color="black", lw=3, solid_capstyle="round")
+    for i, (name, x) in enumerate(zip(names, r)):
+        left = i < half
+        level = i if left else len(names) - 1 - i
+        y = -(first_label + step * level)
+        end = lo - 0.05 * span if left else hi + 0.05 * span
+        ax.plot([x, x, end], [0, y, y], color="grey", lw=0.8)
+        ax.text(end + (-0.02 if left else 0.02) * span, y, f"{name} ({x:.2f})",
+                ha="right" if left else "left", va="center", fontsize=8)
+    ax.set_title(title, fontsize=9)
+
+
+def plot_cd(tests: list[tuple[str, S.Friedman]], title: str, out: Path) -> Path:
+    """Critical-difference diagrams, one panel per (title, test), stacked."""
+    k = max(f.k for _, f in tests)
+    height = (1.4 + 0.32 * ((k + 1) // 2)) * len(tests) + 0.5
+    fig = new_figure((8.0, height))
+    fig.subplots_adjust(top=1 - 0.5 / height, bottom=0.1 / height, hspace=0.3)
+    for i, (name, f) in enumerate(tests):
+        ax = fig.add_subplot(len(tests), 1, i + 1)
+        _draw_cd(ax, f, f"{name}: N = {f.n} scenarios, Friedman p = {_p(f.p)}")
+    fig.suptitle(title, fontsize=9, y=1 - 0.1 / height)
+    return save_png(fig, out)
+
+
+def plot_critical_differences(rows: list[dict], folder: Path) -> list[Path]:
+    """``cd-<score>.png`` per ranked score (every scenario, then each group of scenarios) and
+    ``cd-return.png`` (the return of an old concept), where a Friedman test can be made."""
+    rows = S.with_event_scores(rows)
+    paths = []
+    rs = rankings(rows)
+    for label, r in (rs.items() if isinstance(rs, dict) else []):
+        tests = []
+        for g in [None, *S.groups(r)]:
+            try:
+                tests.append((g or "all", S.friedman(r, g)))
+            except ValueError:
+                continue
+        if tests:
+            paths.append(plot_cd(tests, f"{label}: average ranks (1 = best) of the ranked "
+                                 "strategies; a bar joins those within the critical "
+                                 f"difference (Nemenyi, α = {S.ALPHA})",
+                                 folder / f"cd-{label.replace(' ', '-')}.png"))
+    ret = return_ranking(rows)
+    if not isinstance(ret, str):
+        try:
+            f = S.friedman(ret)
+        except ValueError:
+            f = None
+        if f is not None:
+            paths.append(plot_cd([("scenarios with a return", f)],
+                                 "the return of an old concept, accuracy after its first "
+                                 "round: average ranks (1 = best)", folder / "cd-return.png"))
+    return paths
+
+
 def plot_all(rows: list[dict], strategies: list[str], folder: Path,
              heatmap_scenarios: list[str]) -> list[Path]:
     paths = []
@@ -368,7 +640,7 @@ def plot_all(rows: list[dict], strategies: list[str], folder: Path,
             if p is not None:
                 paths.append(p)
     paths.append(plot_bytes(rows, strategies, folder / "bytes.png"))
-    return paths
+    return paths + plot_critical_differences(rows, folder)
 
 
 # ---------------------------------------------------------------------- the document
@@ -384,6 +656,7 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
            plots: list[Path], doc: Path, data_file: Path, run_info: dict,
            reading: str | None = None) -> str:
     """A leaderboard page's markdown, e.g. ``docs/benchmark/README.md`` (every number from ``rows``)."""
+    rows = S.with_event_scores(rows)
     by = group(rows)
     ok = sum(1 for r in rows if r["status"] in OK)
     seeds = sorted({r["seed"] for r in rows})
@@ -398,8 +671,8 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         "```",
         "",
         (f"Finished runs are reused (their run directories, or with `--reuse-rows` the rows of "
-        f"an earlier run of the command), so it re-renders this page in seconds and runs only "
-        f"what is missing. Every number below is in "
+        f"an earlier run of the command), so it re-renders this page from the rows alone and "
+        f"runs only what is missing. Every number below is in "
         f"[`{rel(data_file)}`]({rel(data_file)}) (one JSON line per run: its scores, its drift "
         f"events, the per-round series the plots draw)."),
         "",
@@ -425,7 +698,9 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         "step** = at the end of step t, the same models on step t+1's test split, before "
         "anything adapts. Means over clients, then over the scored rounds (current) or steps "
         "(next). Only steps 1 to T = steps - 1 are scored: FedDrift's protocol never trains on "
-        "the last step, and each of them has a next step."),
+        "the last step, and each of them has a next step. The ranked next-step score leaves "
+        "out the steps where an old concept returns (the `recurring` pattern), which are scored "
+        "as their own event (section Recurring drift)."),
         ("- Drift: **drop** = current-step minus next-step accuracy at the end of the step before "
         "a drift (what the drift takes before a method can react); **rounds to recover** = "
         "rounds into the drifted step until the current-step accuracy is back within 0.02 of "
@@ -443,20 +718,51 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
     ]
     if reading:
         lines += ["## Reading", "", reading.strip(), ""]
-    lines += [f"## Leaderboard: average rank over {len(by)} scenarios", "",
-              *leaderboard(rows, strategies), "",
-              ("Rank 1 = best mean over seeds within a scenario (ties share the mean rank); "
-              "wins = scenarios ranked first on the next-step accuracy."), "",
+    cd = {Path(p).stem: rel(p) for p in plots if Path(p).stem.startswith("cd-")}
+    rs = rankings(rows)
+    first = next(iter(rs.values())) if isinstance(rs, dict) else None
+    complete = (f" over {len(first.means)} scenarios" + (
+        f" ({len(first.left_out)} left out: Statistics)" if first.left_out else "")
+        if first is not None else "")
+    lines += [f"## Leaderboard: average rank{complete}", "",
+              *leaderboard(rows), "",
+              ("Ranked: every strategy but the references (the Oracle and Local, in the next "
+               "table). Rank 1 = the best mean over seeds within a scenario; strategies within "
+               "noise of each other there share a rank (Statistics). **Next step** leaves out "
+               "the returns of an old concept, scored in their own section. **Gap to best** = "
+               "the scenario's best ranked mean minus the strategy's, in accuracy points, "
+               "averaged over the scenarios; **acc** = the mean over the scenarios ± the "
+               "half-width of its 95% interval over seeds; **first** = scenarios where the "
+               "strategy is in the first tie group on the next step."), "",
+              "## References: the Oracle and Local", "",
+              ("Reported beside the ranking, not in it: the Oracle is told every client's "
+               "true concept, Local trains every client alone. Gap = the best ranked "
+               "strategy's mean minus the reference's, per scenario, averaged (negative: above "
+               "every ranked strategy); above every ranked = the scenarios where it is."), "",
+              *references_table(rows), "",
+              "## Statistics", "",
+              *statistics_section(rows, [v for k, v in cd.items() if k != "cd-return"]),
+              "## Recurring drift: the return of an old concept", "",
+              *returns_section(rows, [v for k, v in cd.items() if k == "cd-return"]),
               "## Plots", ""]
     for p in plots:
-        lines += [f"![{p.stem}]({rel(p)})", ""]
+        if not Path(p).stem.startswith("cd-"):
+            lines += [f"![{p.stem}]({rel(p)})", ""]
     lines += ["## Per scenario", "",
-              "Columns as in Protocol; mean ± std over seeds; sorted by rank (next step).", ""]
+              ("Columns as in Protocol; mean ± the half-width of the 95% interval over seeds "
+               "(the mean alone from one seed); sorted by the next-step accuracy (returns of an "
+               "old concept apart: where a scenario has one, its two scores have their own "
+               "columns); rank on the next step, ties within noise shared, `ref` for a "
+               "reference."), ""]
+    ranked = rs["next step"] if isinstance(rs, dict) else None
     for scenario, by_strategy in by.items():
         r0 = next(iter(by_strategy.values()))[0]
+        ranks = (ranked.all_ranks.loc[scenario].dropna().to_dict()
+                 if ranked is not None and scenario in ranked.all_ranks.index else {})
+        refs = ranked.references if ranked is not None else list(S.REFERENCES)
         lines += [f"### {scenario}", "",
                   f"`scenario = \"{r0['catalogue']}\"`, `drift-pattern = \"{r0['pattern']}\"`",
-                  "", *scenario_table(by_strategy, strategies), ""]
+                  "", *scenario_table(by_strategy, strategies, ranks, refs), ""]
     unable = cannot_run_list(rows)
     lines += ["## Could not run or failed", ""] + (unable or ["Every run finished."]) + [""]
     return "\n".join(lines)

@@ -20,6 +20,14 @@ has a next step (FedDrift's time-step protocol never trains on the last step). F
 * ``ari``: the mean adjusted Rand index of the clustering against the true concepts over the
   evaluated rounds; ``clusters``: the mean number of clusters in use per round;
 * bytes up and down and wall time come from the run's summary.
+
+A **return** is a drift into a step where every client that changes goes back to a concept it
+held before (the ``recurring`` pattern's step 5). The next-step rule rewards not adapting there:
+a method that adapted to the drifted concept pays the drop again when the old one comes back,
+one that never adapted does not. :func:`return_scores` therefore scores a return as its own kind
+of event, apart from the next-step average. A step where some clients return while others drift
+for the first time (the ``staggered`` pattern's step 5) cannot be split: a run's accuracies are
+means over its clients, so it stays in the average.
 """
 
 from __future__ import annotations
@@ -101,4 +109,43 @@ def score_run(summary: dict, records: list[dict], concepts: np.ndarray,
             "concept_cluster_mass": next((r["concept_cluster_mass"] for r in reversed(scored)
                                           if r.get("concept_cluster_mass")), None),
         },
+    }
+
+
+def return_steps(concepts: np.ndarray) -> list[int]:
+    """The drift steps t at which every client whose concept changes goes back to a concept it
+    held at some step before t - 1 (an old concept returns; module docstring)."""
+    m = np.asarray(concepts)
+    out = []
+    for t in drift_steps(m):
+        moved = np.flatnonzero(m[t - 1] != m[t - 2])
+        if all(m[t - 1, k] in m[:t - 2, k] for k in moved):
+            out.append(t)
+    return out
+
+
+def return_scores(row: dict[str, Any]) -> dict[str, float | None]:
+    """A finished bench row's scores with the returns of an old concept apart:
+
+    * ``acc_next_no_return``: the next-step accuracy averaged over the steps that are not a
+      return (``acc_next`` itself when the run has none);
+    * ``acc_at_return``: the next-step accuracy on the returning steps (the old concept's test
+      split, with the models of the step before, before anything adapts);
+    * ``acc_return_first_round``: the current-step accuracy after the first round of a returning
+      step: a method that kept the old concept's model has it back at once.
+
+    From the row's own series (accuracies rounded to 5 decimals there); None where the run has
+    no return."""
+    steps = return_steps(np.array(row["concepts"])) if row.get("concepts") else []
+    none = {"acc_next_no_return": row.get("acc_next"), "acc_at_return": None,
+            "acc_return_first_round": None}
+    if not steps:
+        return none
+    series, rps = row["series"], int(row["rounds_per_step"])
+    nxt = {int(step): a for step, a in series["accuracy_next"].items()}   # scored step -> acc
+    current = dict(zip(series["round"], series["accuracy_current"]))
+    return {
+        "acc_next_no_return": _mean(a for step, a in nxt.items() if step not in steps),
+        "acc_at_return": _mean(nxt.get(t) for t in steps),
+        "acc_return_first_round": _mean(current.get((t - 1) * rps + 1) for t in steps),
     }

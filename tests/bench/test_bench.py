@@ -65,13 +65,6 @@ def test_score_run_needs_the_common_scoring_rule():
         score_run({}, rows, np.zeros((2, 1), dtype=int), 1)
 
 
-def test_ranks_share_ties_and_skip_runs_that_did_not_finish():
-    rows = [{"scenario": "a", "strategy": s, "status": st, "acc_next": v}
-            for s, st, v in [("x", "completed", .9), ("y", "completed", .9),
-                             ("z", "completed", .5), ("w", "cannot run", None)]]
-    assert R.ranks(rows, "acc_next") == {"a": {"x": 1.5, "y": 1.5, "z": 3.0}}
-
-
 def test_matrix_names_are_checked_with_a_suggestion():
     with pytest.raises(ValueError, match=r"unknown shift 'consept'.*did you mean 'concept'"):
         M.check_names("shift", ["consept"], M.SHIFTS)
@@ -120,6 +113,13 @@ def test_bench_writes_the_leaderboard_data_and_plots(tiny_bench):
     doc = (root / "doc" / "bench.md").read_text()
     assert "fedcluster bench --datasets mixture" in doc
     assert "## Leaderboard" in doc and "### mixture/concept/sudden" in doc
+    # the Oracle is a reference beside the ranking: two strategies are ranked, too few for
+    # Friedman, enough for the pairwise test
+    board = doc.split("## Leaderboard", 1)[1].split("## References", 1)[0]
+    assert "| fedavg |" in board and "| feddrift |" in board and "oracle" not in board
+    assert "| oracle |" in doc.split("## References", 1)[1].split("## Statistics", 1)[0]
+    assert "the Friedman test needs at least 3 ranked strategies" in doc
+    assert "0 of 1 pairs separated" in doc     # 2 scenarios: Wilcoxon p >= 0.5
     for png in ("accuracy-mixture.png", "clusters-mixture.png", "bytes.png",
                 "assignments-mixture-concept-sudden.png", "confusion-mixture-concept-sudden.png"):
         assert (root / "doc" / "bench" / png).stat().st_size > 0, png
@@ -221,7 +221,8 @@ def test_a_strategy_that_refuses_a_scenario_is_listed_with_its_reason(tmp_path):
     table = "\n".join(R.scenario_table({"feddrift": rows}, ["feddrift"]))
     assert "| feddrift | cannot run: " in table and "at least 2 time steps" in table
     assert "at least 2 time steps" in "\n".join(R.cannot_run_list(rows))
-    assert R.ranks(rows, "acc_next") == {sc.key: {}}
+    assert R.leaderboard(rows) == [
+        "Not ranked: no finished run has a value of 'acc_next_no_return'."]
 
 
 def test_a_cell_scores_against_the_scenario_its_run_builds():
@@ -301,3 +302,37 @@ def test_the_committed_page_names_its_own_path_in_its_regenerate_command():
     command = page.split("```bash\n", 1)[1].split("\n", 1)[0]
     assert command.startswith("fedcluster bench ") and "--report docs/benchmark/README.md" in command
     assert "--reuse-rows docs/benchmark/runs.jsonl" in command
+
+
+def _stats_rows() -> list[dict]:
+    """Four strategies and the Oracle on six scenarios of two shifts, three seeds each."""
+    rng = np.random.default_rng(1)
+    level = {"ifca": .9, "fedavg": .8, "cfl": .79, "fedem": .7, "oracle": .95}
+    return [{"scenario": f"d/{shift}/p{b}", "data": "d", "shift": shift, "pattern": f"p{b}",
+             "strategy": s, "seed": seed, "status": "completed",
+             "acc_next": v + rng.normal(0, .01), "acc_current": v + rng.normal(0, .01)}
+            for shift in ("label", "concept") for b in range(3) for s, v in level.items()
+            for seed in range(3)]
+
+
+def test_the_statistics_section_and_its_critical_difference_diagrams(tmp_path):
+    rows = _stats_rows()
+    paths = R.plot_critical_differences(rows, tmp_path)
+    assert [p.name for p in paths] == ["cd-next-step.png", "cd-current-step.png"]
+    assert all(p.stat().st_size > 0 for p in paths)
+    text = "\n".join(R.statistics_section(rows, ["cd-next-step.png"]))
+    assert "below the 5 seeds the protocol asks" in text
+    assert "| all | 6 | 4 |" in text and "| label | 3 | 4 |" in text
+    assert "![cd-next-step](cd-next-step.png)" in text
+    assert "oracle" not in text                          # a reference is never tested
+    board = "\n".join(R.leaderboard(rows))
+    assert board.index("| ifca |") < board.index("| fedavg |") < board.index("| fedem |")
+    assert "oracle" not in board
+    refs = "\n".join(R.references_table(rows))
+    assert "| oracle |" in refs and "6 / 6" in refs       # above every ranked one everywhere
+
+
+def test_critical_difference_bars_join_the_strategies_no_test_tells_apart():
+    assert R._cliques(np.array([1.0, 1.5, 3.0, 3.2]), 1.0) == [(0, 1), (2, 3)]
+    assert R._cliques(np.array([1.0, 1.9, 2.5]), 1.0) == [(0, 1), (1, 2)]
+    assert R._cliques(np.array([1.0, 3.0]), 1.0) == []
