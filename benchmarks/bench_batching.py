@@ -89,6 +89,7 @@ def main() -> None:
                    "stacked": batched.stacking_pays(spec, "cpu", [5] * clients),
                    "forced_ratio": round(forced / alone, 3),
                    "activation_per_sample": batched.activation_bytes(spec, 1) // 4,
+                   "macs_per_sample": batched.macs_per_sample(spec),
                    **machine(load_start)}
             print(f"{name:20s} {clients:3d} clients: one by one {alone:7.3f} s, batched "
                   f"{chosen:7.3f} s (x{chosen / alone:.2f}; stacked {row['stacked']}), forced "
