@@ -154,6 +154,7 @@ from fedcluster_app.core.data.partition import check_groups, natural_realisation
 from fedcluster_app.core.data.preprocessing import NONE as NO_PREPROCESSING
 from fedcluster_app.core.data.preprocessing import scaling
 from fedcluster_app.core.data.river_streams import river_concepts
+from fedcluster_app.core.limits import check_client_steps
 
 __all__ = [
     "DRIFT_PATTERNS",
@@ -852,6 +853,7 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
                              f"scenario {name} defines only {n_base} concepts "
                              f"(ids 0..{n_base - 1})")
         steps = num_steps or len(m)
+        check_client_steps(m.shape[1], steps)    # before the rows are repeated to num_steps
         m = _fit_rows(m, steps)
         concepts, labels = fam.concepts, fam.labels
         source = what
@@ -859,6 +861,7 @@ def _build_cached(name: str, seed: int, num_clients: int, num_steps: int, sample
     else:
         p = num_clients or natural or d.num_clients
         t = num_steps or d.num_steps
+        check_client_steps(p, t)                 # before a steps x clients matrix is built
         own = pattern or d.schedule
         if own in DRIFT_PATTERNS:
             if drift_step and not 1 <= drift_step <= t:
