@@ -42,6 +42,8 @@ from fedcluster_app.core.config import (ConfigError, ConfigValue, default_run_co
 from fedcluster_app.core.data import build_scenario, list_scenarios, scenario_names
 from fedcluster_app.core.experiment import Experiment, load_experiment
 from fedcluster_app.core.hparams import HParams, param, suggest
+from fedcluster_app.core.limits import check_models
+from fedcluster_app.core.models import parameter_count
 from fedcluster_app.core.plugins import import_object, is_import_path
 from fedcluster_app.core.server.strategy import ClusteredResult, ClusteredStrategy, Task
 from fedcluster_app.core.server.updates import weighted_average
@@ -124,8 +126,12 @@ def check_tables_read(strategy: str, keys: Iterable[str]) -> None:
 
 
 def build_strategy(experiment: Experiment) -> ClusteredStrategy:
-    """The strategy the experiment's run config names."""
-    return strategy_class(experiment.cfg.strategy)(experiment)
+    """The strategy the experiment's run config names, refused before round 1 when the models
+    it keeps, or those a round exchanges, would not fit (``limits.check_models``)."""
+    strategy = strategy_class(experiment.cfg.strategy)(experiment)
+    check_models(strategy.name, strategy.model_count(), parameter_count(experiment.spec),
+                 experiment.cfg.fraction_train, experiment.scenario.num_clients)
+    return strategy
 
 
 def make_strategy(name: str, *, run_config: Mapping[str, ConfigValue] | None = None,

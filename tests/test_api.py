@@ -65,8 +65,9 @@ def test_every_strategy_class_is_importable_by_name():
     (lambda: make_strategy("feddrift", delta=1.5), "feddrift.delta must be in (0, 1], got 1.5"),
     (lambda: make_strategy("feddrift", loss="hinge"), "feddrift.loss must be one of 'error', "
                                                       "'cross-entropy', got 'hinge'"),
-    (lambda: make_strategy("fielding", k_min=1), "fielding.k-min must be an integer >= 2, got 1"),
-    (lambda: make_strategy("ifca", num_clusters=0), "num-clusters must be an integer >= 1"),
+    (lambda: make_strategy("fielding", k_min=1),
+     "fielding.k-min must be an integer in [2, 1000], got 1"),
+    (lambda: make_strategy("ifca", num_clusters=0), "num-clusters must be an integer in [1, 1000]"),
     (lambda: make_strategy("fedavg", delta=0.1), "unknown keyword 'delta'"),
 ])
 def test_bad_names_and_keywords_are_named_before_anything_runs(call, message):

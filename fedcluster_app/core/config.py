@@ -29,6 +29,19 @@ from fedcluster_app.core.hparams import (  # noqa: F401  (ConfigError & co. are 
     section,
     toml_value,
 )
+from fedcluster_app.core.limits import (  # noqa: F401  (sizes beyond which a run cannot work)
+    MAX_CLASSES,
+    MAX_CLIENTS,
+    MAX_CLUSTERS,
+    MAX_EPOCHS,
+    MAX_HIDDEN,
+    MAX_ITERATIONS,
+    MAX_ROUNDS,
+    MAX_SAMPLES,
+    MAX_STEPS,
+    check_client_classes,
+    check_client_steps,
+)
 from fedcluster_app.core.plugins import is_import_path
 from fedcluster_app.core.project_files import presets_dir, project_file
 from fedcluster_app.core.user_text import read_value, suggest
@@ -42,9 +55,6 @@ def is_device_name(device: str) -> bool:
     return bool(_DEVICE.match(str(device)))
 
 
-#: sizes beyond which a run cannot work on one machine: refused before round 1, not left to hang
-MAX_CLIENTS = 100_000
-MAX_SAMPLES = 1_000_000
 MAX_SEED = 2**32 - 1        # the range of seeds NumPy's and PyTorch's users know
 
 #: robust-aggregation values: none (the weighted mean), or Flower's coordinate-wise rules
@@ -158,7 +168,8 @@ class RunSettings(HParams):
     seed: int = param(0, "model init, sampling and minibatch randomness", ge=0, le=MAX_SEED)
     data_seed: int = param(-1, "data generation seed; -1 = same as seed", ge=-1, le=MAX_SEED)
     out_dir: str = param("", "results directory; \"\" = runs/<strategy>-<scenario>-s<seed>")
-    rounds_per_step: int = param(5, "communication rounds per time step", ge=1)
+    rounds_per_step: int = param(5, "communication rounds per time step", ge=1,
+                                 le=MAX_ROUNDS)
 
 
 @dataclass(frozen=True)
@@ -167,7 +178,7 @@ class DataSettings(HParams):
 
     ``0`` / ``""`` leave a setting to the scenario."""
 
-    num_steps: int = param(0, "0 = the scenario's number of time steps", ge=0)
+    num_steps: int = param(0, "0 = the scenario's number of time steps", ge=0, le=MAX_STEPS)
     num_clients: int = param(0, f"0 = the scenario's number of clients (at most "
                              f"{MAX_CLIENTS:,}: each has its own data stream and record)",
                              ge=0, le=MAX_CLIENTS)
@@ -179,7 +190,8 @@ class DataSettings(HParams):
                           "scenario's")
     drift_pattern: str = param("", "\"\" = scenario's own | none | sudden | incremental | "
                                "recurring | staggered")
-    drift_step: int = param(0, "first drifted step for drift-pattern; 0 = scenario default", ge=0)
+    drift_step: int = param(0, "first drifted step for drift-pattern; 0 = scenario default", ge=0,
+                            le=MAX_STEPS)
     dirichlet_alpha: float = param(0.0, "label skew across clients for pool datasets; 0 = "
                                    "scenario default", ge=0, allow_inf=True)
     data_dir: str = param("", "local directory of torchvision datasets (mnist-*, fmnist-*, "
@@ -192,11 +204,11 @@ class DataSettings(HParams):
     disjoint: bool = param(False, "true = clients draw only from disjoint shards of the train "
                            "pool (Flower Datasets partitioners)")
     classes_per_client: int = param(2, "classes of each client with partition = pathological",
-                                    ge=1)
+                                    ge=1, le=MAX_CLASSES)
     test_fraction: float = param(0.25, "share of a dataset without a test split held out "
                                  "(stratified) for testing", gt=0, lt=1)
     num_classes: int = param(0, "classes of dataset when the server cannot read it; 0 = from "
-                             "the data", ge=0)
+                             "the data", ge=0, le=MAX_CLASSES)
     input_shape: str = param("", "input shape of dataset when the server cannot read it, "
                              "\"1,28,28\" or \"18\"; \"\" = from the data")
     label_column: str = param("", "csv: / parquet: / hf-disk: / a DataFrame: the column of the "
@@ -231,7 +243,7 @@ class ModelSettings(HParams):
 
     model: str = param("", "\"\" = scenario's choice | mlp | cnn | package.module:callable (your "
                        "own: README, Bring your own)")
-    hidden: int = param(0, "MLP hidden width; 0 = scenario default", ge=0)
+    hidden: int = param(0, "MLP hidden width; 0 = scenario default", ge=0, le=MAX_HIDDEN)
     init: str = param("torch", "initial weights: torch (PyTorch's defaults) | normal "
                       "(N(0, 1/fan_in), biases 0)", choices=("torch", "normal"))
     device: str = param("auto", "where clients train: auto (a GPU if the process sees one, else "
@@ -242,7 +254,8 @@ class ModelSettings(HParams):
     deterministic: bool = param(True, "on a GPU: cuDNN's deterministic algorithms, so a seed "
                                 "repeats bit for bit; false = its fastest ones (batched CNN "
                                 "rounds up to 2.3x faster on an H200, docs/operations/performance.md)")
-    window: int = param(1, "past steps of data a client trains on (1 = newest only)", ge=1)
+    window: int = param(1, "past steps of data a client trains on (1 = newest only)", ge=1,
+                        le=MAX_STEPS)
 
     def check(self) -> None:
         if not (self.model in ("", "mlp", "cnn") or is_import_path(self.model)):
@@ -263,9 +276,10 @@ class TrainConfig(HParams):
     lr: float = param(0.01, "learning rate of the local optimizer", gt=0)
     momentum: float = param(0.0, "SGD momentum", ge=0, lt=1)
     weight_decay: float = param(0.0, "L2 weight decay of the local optimizer", ge=0)
-    local_steps: int = param(20, "minibatch steps per round; 0 = use local-epochs", ge=0)
-    local_epochs: int = param(1, "epochs per round when local-steps = 0", ge=0)
-    batch_size: int = param(50, "minibatch size", ge=1)
+    local_steps: int = param(20, "minibatch steps per round; 0 = use local-epochs", ge=0,
+                             le=MAX_ITERATIONS)
+    local_epochs: int = param(1, "epochs per round when local-steps = 0", ge=0, le=MAX_EPOCHS)
+    batch_size: int = param(50, "minibatch size", ge=1, le=MAX_SAMPLES)
     drop_last: bool = param(False, "local-epochs mode: skip each epoch's last partial batch")
     prox_mu: float = param(0.0, "FedProx proximal term; 0 = FedAvg", ge=0)
     optimizer_state: str = param("round", "round: a fresh optimizer every round | step: each "
@@ -293,9 +307,9 @@ class FederationSettings(HParams):
                                   "accuracy_next (end of step t: the same models on step t+1's "
                                   "test split, before they adapt); the last round of each step "
                                   "is then always evaluated")
-    num_clusters: int = param(2, "K for ifca", ge=1)
+    num_clusters: int = param(2, "K for ifca", ge=1, le=MAX_CLUSTERS)
     min_nodes: int = param(0, "wait for this many nodes; 0 = the scenario's number of clients",
-                           ge=0)
+                           ge=0, le=MAX_CLIENTS)
     node_wait_s: float = param(10.0, "how long to wait for min-nodes before starting with fewer",
                                ge=0)
     round_timeout: float = param(600.0, "seconds a round may take: one deadline for all its "
@@ -387,6 +401,12 @@ class RunConfig(ResultSettings, DefenceSettings, FederationSettings, ModelSettin
     def check(self) -> None:
         for group in (DataSettings, ModelSettings, ResultSettings):
             group.check(self)
+        # products of sizes given here, before the scenario builds arrays of them (the rest,
+        # with the scenario's own sizes, once it exists: experiment.py)
+        if self.num_clients and self.num_steps:
+            check_client_steps(self.num_clients, self.num_steps)
+        if self.num_clients and self.num_classes:
+            check_client_classes(self.num_clients, self.num_classes)
         if self.schedule and not Path(self.schedule).is_file():
             from fedcluster_app.core.data.schedules import bundled_schedule_names
 

@@ -14,7 +14,8 @@ from fedcluster_app.core.config import (ConfigValue, RunConfig, default_run_conf
                                         parse_run_config)
 from fedcluster_app.core.data import Scenario, build_scenario
 from fedcluster_app.core.data.catalogue import METADATA_ONLY, scenario_protocol
-from fedcluster_app.core.models import ModelSpec, check_model
+from fedcluster_app.core.limits import check_run
+from fedcluster_app.core.models import ModelSpec, check_model, parameter_count
 
 
 @dataclass(frozen=True)
@@ -108,4 +109,5 @@ def _load(items: tuple[tuple[str, ConfigValue], ...], server: bool) -> Experimen
     spec = model_spec(cfg, scenario)
     if spec.custom:
         check_model(spec)   # a user's model: import, output shape and weights, before round 1
+    check_run(cfg, scenario, parameter_count(spec))   # sizes and their products, before round 1
     return Experiment(cfg, scenario, spec, tuple(sorted(applied.items())))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -211,6 +212,18 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
 def weight_shapes(spec: ModelSpec) -> tuple[tuple[int, ...], ...]:
     """Shapes of the arrays of a model of this spec (used to validate client replies)."""
     return tuple(tuple(t.shape) for t in _state(spec).values())
+
+
+def parameter_count(spec: ModelSpec) -> int:
+    """The numbers a model of this spec holds (its state_dict: parameters and buffers). A
+    built-in model is counted on PyTorch's meta device, which allocates nothing, so a model too
+    large to build is measured and refused (``limits.check_run``) before it takes memory; a
+    user's model was built once already by ``check_model``."""
+    if spec.custom:
+        return sum(math.prod(shape) for shape in weight_shapes(spec))
+    with torch.device("meta"):
+        model = _construct(spec, None)
+    return sum(t.numel() for t in model.state_dict().values())
 
 
 def weight_dtypes(spec: ModelSpec) -> tuple[np.dtype, ...]:

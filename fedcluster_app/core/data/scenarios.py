@@ -155,6 +155,7 @@ from fedcluster_app.core.data.partition import check_groups, natural_realisation
 from fedcluster_app.core.data.preprocessing import NONE as NO_PREPROCESSING
 from fedcluster_app.core.data.preprocessing import scaling
 from fedcluster_app.core.data.river_streams import river_concepts
+from fedcluster_app.core.limits import check_client_steps
 
 __all__ = [
     "DRIFT_PATTERNS",
@@ -912,6 +913,7 @@ def _build_cached(spec: ScenarioSpec) -> Scenario:
                              f"scenario {name} defines only {n_base} concepts "
                              f"(ids 0..{n_base - 1})")
         steps = num_steps or len(m)
+        check_client_steps(m.shape[1], steps)    # before the rows are repeated to num_steps
         m = _fit_rows(m, steps)
         concepts, labels = fam.concepts, fam.labels
         source = what
@@ -919,6 +921,7 @@ def _build_cached(spec: ScenarioSpec) -> Scenario:
     else:
         p = num_clients or natural or d.num_clients
         t = num_steps or d.num_steps
+        check_client_steps(p, t)                 # before a steps x clients matrix is built
         own = pattern or d.schedule
         if own in DRIFT_PATTERNS:
             if drift_step and not 1 <= drift_step <= t:

@@ -26,6 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fedcluster_app.core.hparams import ConfigError
+from fedcluster_app.core.limits import MAX_CLIENT_ROUNDS, MAX_CLIENTS, MAX_STEPS, WHERE
+
 __all__ = [
     "BUNDLED_SCHEDULES_FILE",
     "bundled_schedule",
@@ -59,52 +62,81 @@ def load_cp(path: str | Path) -> np.ndarray:
 
     Raises:
         ValueError: the file does not exist or cannot be read, is empty, has rows of different
-            lengths, or holds an entry that is not a non-negative integer. The message names the
+            lengths, or holds an entry that is not a non-negative integer; ConfigError (a
+            ValueError): it has more columns than ``MAX_CLIENTS``, more rows than
+            ``MAX_STEPS`` or more entries than ``MAX_CLIENT_ROUNDS`` (``core/limits.py``),
+            found while reading, before the rest of the file is read. The message names the
             file and, where it applies, the line.
     """
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"schedule file {str(p)!r} not found (no such file)")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"schedule file {str(p)!r} cannot be read: {exc}") from exc
     rows: list[list[int]] = []
     width = None
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        tokens = line.split()
-        if not tokens:
-            continue
-        row = []
-        for tok in tokens:
-            try:
-                value = int(tok)
-            except ValueError:
-                raise ValueError(
-                    f"schedule file {str(p)!r}, line {lineno}: entry {tok!r} is not an integer "
-                    "concept id"
-                ) from None
-            if value < 0:
-                raise ValueError(
-                    f"schedule file {str(p)!r}, line {lineno}: concept id {value} is negative"
-                )
-            if value > MAX_CONCEPT_ID:   # an int64 matrix cannot hold it; no scenario has so many
-                raise ValueError(
-                    f"schedule file {str(p)!r}, line {lineno}: concept id {value} is out of "
-                    f"range (at most {MAX_CONCEPT_ID})"
-                )
-            row.append(value)
-        if width is None:
-            width = len(row)
-        elif len(row) != width:
-            raise ValueError(
-                f"schedule file {str(p)!r} has ragged rows: line {lineno} has {len(row)} "
-                f"entries, the first row has {width}"
-            )
-        rows.append(row)
+    try:
+        with p.open(encoding="utf-8") as fh:
+            lineno = 0
+            while line := fh.readline(_MAX_LINE):
+                lineno += 1
+                if len(line) == _MAX_LINE and not line.endswith("\n"):
+                    raise _too_large(p, f"line {lineno} is longer than {_MAX_LINE:,} "
+                                        f"characters", f"{MAX_CLIENTS:,} columns (clients)")
+                row = _parse_row(p, lineno, line.split())
+                if not row:
+                    continue
+                if width is None:
+                    width = len(row)
+                    if width > MAX_CLIENTS:
+                        raise _too_large(p, f"line {lineno} has {width:,} columns (clients)",
+                                         f"{MAX_CLIENTS:,}")
+                elif len(row) != width:
+                    raise ValueError(
+                        f"schedule file {str(p)!r} has ragged rows: line {lineno} has "
+                        f"{len(row)} entries, the first row has {width}"
+                    )
+                rows.append(row)
+                if len(rows) > MAX_STEPS or len(rows) * width > MAX_CLIENT_ROUNDS:
+                    raise _too_large(p, f"{len(rows):,} rows (time steps) of {width:,} "
+                                        f"columns (clients) by line {lineno}",
+                                     f"{MAX_STEPS:,} rows and {MAX_CLIENT_ROUNDS:,} entries")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"schedule file {str(p)!r} cannot be read: {exc}") from exc
     if not rows:
         raise ValueError(f"schedule file {str(p)!r} is empty (no rows of concept ids)")
     return np.asarray(rows, dtype=np.int64)
+
+
+#: the longest line a schedule row may take: MAX_CLIENTS ids of up to 7 digits, with room
+#: for generous whitespace
+_MAX_LINE = 16 * MAX_CLIENTS
+
+
+def _too_large(p: Path, found: str, cap: str) -> ConfigError:
+    return ConfigError(f"schedule file {str(p)!r}: {found}, over the cap of {cap} (the "
+                       f"run-config key schedule; {WHERE})")
+
+
+def _parse_row(p: Path, lineno: int, tokens: list[str]) -> list[int]:
+    row = []
+    for tok in tokens:
+        try:
+            value = int(tok)
+        except ValueError:
+            raise ValueError(
+                f"schedule file {str(p)!r}, line {lineno}: entry {tok!r} is not an integer "
+                "concept id"
+            ) from None
+        if value < 0:
+            raise ValueError(
+                f"schedule file {str(p)!r}, line {lineno}: concept id {value} is negative"
+            )
+        if value > MAX_CONCEPT_ID:   # an int64 matrix cannot hold it; no scenario has so many
+            raise ValueError(
+                f"schedule file {str(p)!r}, line {lineno}: concept id {value} is out of "
+                f"range (at most {MAX_CONCEPT_ID})"
+            )
+        row.append(value)
+    return row
 
 
 @lru_cache(maxsize=1)

@@ -50,6 +50,7 @@ from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.experiment import Experiment
 from fedcluster_app.core.hparams import HParams, NoParams
+from fedcluster_app.core.limits import ModelCount
 from fedcluster_app.core.models import (
     SPLIT_CONTRACT,
     build_model,
@@ -218,6 +219,13 @@ class ClusteredStrategy(Strategy):
         return self.truth.get(cid, {}).get(step)
 
     # ------------------------------------------------------------------ hooks
+    def model_count(self) -> ModelCount:
+        """The models the strategy keeps from its start, how many a client it trains is sent
+        per round, and the key that sets them (IFCA: ``ModelCount(K, K, "num-clusters")``):
+        their memory is capped before round 1 (``limits.check_models``). Default: one model,
+        or models it grows as it runs, within its own caps (``max-clusters``, ``k-max``)."""
+        return ModelCount()
+
     def on_start(self) -> None:
         """After the clients are known (not called on resume). Default: one model for all."""
         mid = self.new_model()

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedcluster_app.core.hparams import HParams, param
+from fedcluster_app.core.limits import MAX_CLIENTS, MAX_EPOCHS, MAX_ITERATIONS, MAX_SAMPLES
 
 
 #: keys of the shared recipe these tables once redeclared (a fresh optimiser per phase stays)
@@ -34,7 +35,8 @@ class FedCCFAParams(FamilyParams):
     moved = _EXTRACTOR
     eps: float = param(0.1, "DBSCAN eps on the MADD distance of balanced classifier rows "
                        "(0.05 for the digits demo)", gt=0)
-    min_samples: int = param(1, "DBSCAN min_samples (1 = connected components)", ge=1)
+    min_samples: int = param(1, "DBSCAN min_samples (1 = connected components)", ge=1,
+                             le=MAX_CLIENTS)
     align_start: int = param(20, "T_s: alignment from 0-indexed round t >= align-start", ge=0)
     tau: float = param(0.1, "temperature of the contrastive anchor loss (Eq. 8)", gt=0)
     gamma: float = param(20.0, "entropy scaling: lambda = H(P_k(Y)) / gamma", gt=0)
@@ -44,13 +46,14 @@ class FedCCFAParams(FamilyParams):
     anchors: str = param("clustered", "clustered (per-class cluster means) | global (one mean "
                          "anchor per class for everybody)", choices=("clustered", "global"))
     bal_lr: float = param(0.1, "balanced classifier: SGD lr", gt=0)
-    bal_steps: int = param(5, "balanced classifier: steps on its one balanced batch", ge=1)
+    bal_steps: int = param(5, "balanced classifier: steps on its one balanced batch", ge=1,
+                           le=MAX_ITERATIONS)
     bal_per_class: int = param(5, "balanced batch: samples per class (at most the smallest "
-                               "present class)", ge=1)
+                               "present class)", ge=1, le=MAX_SAMPLES)
     clf_lr: float = param(0.1, "personal classifier lr (extractor frozen; the extractor "
                           "trains with the shared lr)", gt=0)
     clf_epochs: int = param(1, "personal classifier epochs (the extractor trains for the "
-                            "shared local-steps / local-epochs)", ge=1)
+                            "shared local-steps / local-epochs)", ge=1, le=MAX_EPOCHS)
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class FedRepParams(FamilyParams):
     clf_lr: float = param(0.1, "classifier lr, extractor frozen (the extractor trains with "
                           "the shared lr)", gt=0)
     clf_epochs: int = param(1, "classifier epochs (the extractor trains for the shared "
-                            "local-steps / local-epochs)", ge=1)
+                            "local-steps / local-epochs)", ge=1, le=MAX_EPOCHS)
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ class FedBABUParams(FamilyParams):
     table = "fedbabu"
     moved = _EXTRACTOR
     ft_lr: float = param(0.01, "fine-tuning lr (whole model) before each evaluation", gt=0)
-    ft_epochs: int = param(5, "fine-tuning epochs (0 = evaluate the global model)", ge=0)
+    ft_epochs: int = param(5, "fine-tuning epochs (0 = evaluate the global model)", ge=0,
+                           le=MAX_EPOCHS)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.limits import ModelCount
 from fedcluster_app.core.server.strategy import Task
 from fedcluster_app.families.feddrift import catalogue
 from fedcluster_app.families.feddrift.protocol import TimeStepProtocol, TimeStepStrategy
@@ -129,6 +130,9 @@ class IFCAT(TimeStepStrategy):
     model on its new batch (ties at random), training with history attached per step."""
 
     name, description, Params = catalogue.IFCA_T.class_attributes()
+
+    def model_count(self) -> ModelCount:
+        return ModelCount(self.cfg.num_clusters, self.cfg.num_clusters, "num-clusters")
 
     def on_start(self) -> None:
         for k in range(self.cfg.num_clusters):

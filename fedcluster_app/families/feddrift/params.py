@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedcluster_app.core.hparams import HParams, param
+from fedcluster_app.core.limits import MAX_SAMPLES
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,8 @@ class FedDriftParams(HParams):
     table = "feddrift"
     delta: float = param(0.1, "drift and merge threshold in 0-1 error units (the authors' "
                          "code: SINE 0.20, CIRCLE 0.10, SEA 0.04; D17)", gt=0, le=1)
-    subsample: int = param(1000, "points per cluster for the cluster distances L_ij (D4)", ge=1)
+    subsample: int = param(1000, "points per cluster for the cluster distances L_ij (D4)", ge=1,
+                           le=MAX_SAMPLES)
     init_new: str = param("copy", "new model = a copy of the detecting client's best model "
                           "(D6) | seeded: the run's common initialisation",
                           choices=("copy", "seeded"))

@@ -37,6 +37,7 @@ from flwr.common.logger import log
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
+from fedcluster_app.core.limits import ModelCount
 from fedcluster_app.core.server.strategy import ClusteredStrategy, RejectedReply, Reply, Task
 from fedcluster_app.families.fedrc import catalogue
 from fedcluster_app.families.fedrc import wire as C
@@ -63,6 +64,9 @@ class FedRC(ClusteredStrategy):
         self.pruned: list[dict[str, Any]] = []         # {"round", "model", "mass"}
 
     # ---------------------------------------------------------------- hooks
+    def model_count(self) -> ModelCount:
+        return ModelCount(self.cfg.num_clusters, self.cfg.num_clusters, "num-clusters")
+
     def on_start(self) -> None:
         k = self.cfg.num_clusters
         for j in range(k):

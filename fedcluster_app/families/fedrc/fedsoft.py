@@ -20,6 +20,7 @@ import numpy as np
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
+from fedcluster_app.core.limits import ModelCount
 from fedcluster_app.core.server.strategy import ClusteredStrategy, RejectedReply, Reply, Task
 from fedcluster_app.core.server.updates import weighted_average
 from fedcluster_app.families.fedrc import catalogue
@@ -37,6 +38,9 @@ class FedSoft(ClusteredStrategy):
                               f"importance-weighted centres): prox-mu must be 0, got "
                               f"{self.cfg.train.prox_mu}")
         self.trained: set[int] = set()     # clients that hold a personal model
+
+    def model_count(self) -> ModelCount:
+        return ModelCount(self.cfg.num_clusters, self.cfg.num_clusters, "num-clusters")
 
     def on_start(self) -> None:
         for j in range(self.cfg.num_clusters):

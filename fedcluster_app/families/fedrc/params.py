@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedcluster_app.core.hparams import HParams, param
+from fedcluster_app.core.limits import MAX_ITERATIONS
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class FedRCParams(HParams):
                              "trains one model)")
     test_use_label_prior: bool = param(True, "held-out clients' EM uses P~ (the paper); false = "
                                        "uniform (the authors' code)")
-    em_iters: int = param(50, "EM iterations of a held-out client (from uniform omega)", ge=1)
+    em_iters: int = param(50, "EM iterations of a held-out client (from uniform omega)", ge=1,
+                         le=MAX_ITERATIONS)
     em_tol: float = param(0.0001, "... stopping early once max |delta omega| < em-tol", ge=0)
     omega_floor: float = param(0.0, "lower bound on omega before the E-step, in [0, 1/K); "
                                "0 = off", ge=0)

@@ -13,12 +13,14 @@ from __future__ import annotations
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.limits import ModelCount
 from fedcluster_app.core.server.strategy import Reply
 from fedcluster_app.families.flexcfl import catalogue
 from fedcluster_app.families.flexcfl.migration import MigrationMixin
 from fedcluster_app.families.flexcfl.protocol import (
     PaperProtocol,
     num_groups,
+    num_groups_key,
 )
 from fedcluster_app.families.foundation.fedavg import FedAvg
 from fedcluster_app.families.foundation.ifca import IFCA
@@ -30,6 +32,9 @@ class FlexIFCA(IFCA):
 
     def num_models(self) -> int:
         return num_groups(self)
+
+    def model_count(self) -> ModelCount:
+        return ModelCount(self.num_models(), self.num_models(), num_groups_key(self))
 
 
 class FlexIFCAMig(MigrationMixin, FlexIFCA):

@@ -18,6 +18,7 @@ import numpy as np
 from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.limits import ModelCount
 from fedcluster_app.core.server.strategy import (
     ClusteredStrategy,
     Reply,
@@ -34,6 +35,7 @@ from fedcluster_app.families.flexcfl.migration import MigrationMixin
 from fedcluster_app.families.flexcfl.protocol import (
     PaperProtocol,
     num_groups,
+    num_groups_key,
 )
 
 
@@ -53,6 +55,9 @@ class FeSEM(ClusteredStrategy):
         self.weighted = self.params.weighted
         self.local: dict[int, np.ndarray] = {}     # server cache of local solutions (flattened)
         self.center_ids: list[int] = []
+
+    def model_count(self) -> ModelCount:
+        return ModelCount(self.m, self.m, num_groups_key(self))   # min-loss: all, to newcomers
 
     def on_start(self) -> None:
         self.center_ids = [self.new_model(self.initial_weights(salt=j)) for j in range(self.m)]

@@ -35,6 +35,7 @@ from flwr.serverapp import Grid
 
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
+from fedcluster_app.core.limits import ModelCount
 from fedcluster_app.core.server.strategy import ClusteredStrategy, Reply, Task
 from fedcluster_app.families.flexcfl import catalogue
 from fedcluster_app.families.flexcfl.grouping import (
@@ -55,6 +56,7 @@ from fedcluster_app.families.flexcfl.migration import ShiftCheck
 from fedcluster_app.families.flexcfl.protocol import (
     PaperProtocol,
     num_groups,
+    num_groups_key,
 )
 from fedcluster_app.families.flexcfl.wire import PRETRAIN_ITERS, QUERY_PRETRAIN
 
@@ -103,6 +105,9 @@ class FlexCFL(ClusteredStrategy):
     # -- set-up
     def common_init_model(self) -> int | None:
         return self.w0_id
+
+    def model_count(self) -> ModelCount:
+        return ModelCount(self.m, self.m, num_groups_key(self))   # migration: all, to a shifted
 
     def on_start(self) -> None:
         # group models first (ids 0..m-1, so m = 1 trains model 0 as fedavg does), then w0

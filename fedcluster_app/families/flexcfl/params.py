@@ -9,6 +9,7 @@ from typing import Any
 
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.hparams import HParams, param
+from fedcluster_app.core.limits import MAX_CLIENTS, MAX_CLUSTERS, MAX_ITERATIONS
 
 SELECTIONS = ("paper", "fraction")
 EVAL_MODELS = ("current_group", "last_received")
@@ -19,7 +20,8 @@ SHIFT_METRICS = ("scipy_counts", "tv")
 class SelectionParams(HParams):
     """The protocol's own keys, in every FlexCFL-comparison table."""
 
-    clients_per_round: int = param(20, "K, clients selected per round", ge=1)
+    clients_per_round: int = param(20, "K, clients selected per round", ge=1,
+                                   le=MAX_CLIENTS)
     selection: str = param("paper", "paper: round-robin for N/K rounds, then "
                            "random.sample seeded t + seed | fraction: fraction-train",
                            choices=SELECTIONS)
@@ -46,11 +48,13 @@ class ShiftParams(HParams):
 @dataclass(frozen=True)
 class FedGroupParams(SelectionParams):
     table = "fedgroup"
-    num_groups: int = param(0, "m, the number of groups; 0 = the run's num-clusters", ge=0)
+    num_groups: int = param(0, "m, the number of groups; 0 = the run's num-clusters", ge=0,
+                           le=MAX_CLUSTERS)
     pretrain_scale: int = param(0, "alpha: alpha x m clients pre-train for the group cold start "
-                                "(error if > N); 0 = the paper's 20, capped at N", ge=0)
+                                "(error if > N); 0 = the paper's 20, capped at N", ge=0,
+                                le=MAX_CLIENTS)
     pretrain_iters: int = param(50, "SGD minibatch steps of a pre-training from w0 (the run's "
-                                "batch-size and lr)", ge=1)
+                                "batch-size and lr)", ge=1, le=MAX_ITERATIONS)
     eta_g: float = param(0.0, "inter-group aggregation rate (0 = none; paper: 0.1 no shift, "
                          "5.0 shift)", ge=0)
     group_init: str = param("pretrained", "group models start at w0 + mean member update "
@@ -83,7 +87,8 @@ class FlexCFLParams(ShiftParams, FedGroupParams):
 @dataclass(frozen=True)
 class FeSEMParams(SelectionParams):
     table = "fesem"
-    num_groups: int = param(0, "m, the number of centres; 0 = the run's num-clusters", ge=0)
+    num_groups: int = param(0, "m, the number of centres; 0 = the run's num-clusters", ge=0,
+                           le=MAX_CLUSTERS)
     weighted: bool = param(False, "false: unweighted mean per centre (the paper); true: by "
                            "num-examples")
     init: str = param("w0", "a client without a local model: nearest to w0 | min-loss: the "
@@ -100,7 +105,8 @@ class FeSEMMigParams(ShiftParams, FeSEMParams):
 @dataclass(frozen=True)
 class FlexIFCAParams(SelectionParams):
     table = "flexcfl-ifca"
-    num_groups: int = param(0, "m, the number of models; 0 = the run's num-clusters", ge=0)
+    num_groups: int = param(0, "m, the number of models; 0 = the run's num-clusters", ge=0,
+                           le=MAX_CLUSTERS)
     weighted: bool = param(False, "false: unweighted mean per model (the paper); true: by "
                            "num-examples")
     eval_model: str = eval_model_param()

@@ -45,6 +45,11 @@ def num_groups(strategy) -> int:
     return m
 
 
+def num_groups_key(strategy) -> str:
+    """The key that sets m: the table's ``num-groups``, or ``num-clusters`` where it is 0."""
+    return f"{strategy.params.table}.num-groups" if strategy.params.num_groups else "num-clusters"
+
+
 class PaperProtocol(Protocol):
     """FlexCFL's selection, accounting and scoring (module docstring)."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.limits import ModelCount
 from fedcluster_app.core.server.strategy import (
     ClusteredStrategy,
     Reply,
@@ -40,6 +41,9 @@ class IFCA(ClusteredStrategy):
 
     def num_models(self) -> int:
         return self.cfg.num_clusters
+
+    def model_count(self) -> ModelCount:
+        return ModelCount(self.num_models(), self.num_models(), "num-clusters")
 
     def on_start(self) -> None:
         # distinct random models, ids 0..K-1

@@ -10,12 +10,16 @@ id, and ``num_clusters`` and ``models_allocated`` count the personal models.
 
 from __future__ import annotations
 
+from fedcluster_app.core.limits import ModelCount
 from fedcluster_app.core.server.strategy import ClusteredStrategy, Task
 from fedcluster_app.families.foundation import catalogue
 
 
 class Local(ClusteredStrategy):
     name, description, Params = catalogue.LOCAL.class_attributes()
+
+    def model_count(self) -> ModelCount:
+        return ModelCount(self.exp.scenario.num_clients, 1, "num-clients")   # one personal each
 
     def on_start(self) -> None:
         pass

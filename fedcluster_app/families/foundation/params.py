@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedcluster_app.core.hparams import HParams, param
+from fedcluster_app.core.limits import MAX_CLUSTERS
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,8 @@ class CFLParams(HParams):
                         "(largest mean norm seen / 10)", ge=0)
     eps2: float = param(0.0, "... and the largest update norm > eps2; 0 = 6 x eps1", ge=0)
     gamma: float = param(0.0, "and sqrt((1 - max cross cosine) / 2) > gamma", ge=0)
-    max_clusters: int = param(0, "never more clusters than this; 0 = no cap", ge=0)
+    max_clusters: int = param(0, "never more clusters than this; 0 = no cap", ge=0,
+                              le=MAX_CLUSTERS)
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class CFL3Params(CFLParams):
     """CFL(3): at most three clusters."""
 
     table = "cfl3-rounds"
-    max_clusters: int = param(3, "never more clusters than this; 0 = no cap", ge=0)
+    max_clusters: int = param(3, "never more clusters than this; 0 = no cap", ge=0,
+                              le=MAX_CLUSTERS)
 
 
 @dataclass(frozen=True)

@@ -321,7 +321,8 @@ def test_run_config_checks_the_data_keys():
     for key, value, message in (("partition", "half", "partition must be"),
                                 ("test-fraction", 1.5, r"test-fraction must be in \(0, 1\)"),
                                 ("input-shape", "1,28", "input-shape must be"),
-                                ("classes-per-client", 0, "classes-per-client must be an integer >= 1"),
+                                ("classes-per-client", 0,
+                                 r"classes-per-client must be an integer in \[1, 10,000\]"),
                                 ("dataset", "nonsense", "is not a dataset spec")):
         with pytest.raises(ConfigError, match=message):
             parse_run_config({key: value})

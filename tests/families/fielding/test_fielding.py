@@ -158,7 +158,7 @@ def test_participants_per_round(tmp_path):
 @pytest.mark.parametrize("overrides, match", [
     ({"fielding.k-min": 5, "fielding.k-max": 3}, "K range fielding.k-min..k-max = 5..3 is empty"),
     ({"fielding.k-min": 30, "fielding.k-max": 40}, "larger than the 30 clients allow"),
-    ({"fielding.k-min": 1}, "fielding.k-min must be an integer >= 2, got 1"),
+    ({"fielding.k-min": 1}, r"fielding.k-min must be an integer in \[2, 1000\], got 1"),
     ({"fielding.rep": "pixels"}, "fielding.rep must be one of 'label', 'embedding', 'gradient', "
                                 "got 'pixels'"),
     ({"fielding.distance": "js", "fielding.rep": "gradient"}, "js"),
