@@ -81,15 +81,14 @@ def cells_of(args: argparse.Namespace) -> tuple[list[M.Cell], list[str], dict]:
     shifts = M.check_names("shift", args.shifts or quick.get("shifts", M.SHIFTS), M.SHIFTS)
     patterns = M.check_names("drift pattern", args.patterns
                              or quick.get("patterns", M.PATTERNS), M.PATTERNS)
-    from fedcluster_app.families import strategy_info
     strategies = list(args.strategies or quick.get("strategies", M.STRATEGIES))
-    for name in strategies:
-        strategy_info(name)   # an unknown name lists the valid ones
     seeds = args.seeds if args.seeds is not None else list(quick.get("seeds", (0, 1, 2)))
     protocol = {**M.PROTOCOL, **quick.get("protocol", {}),
                 **dict(parse_assignment(s) for s in args.set)}
-    # a mistake in the common protocol is the command's error, not every cell's "cannot run"
+    # a mistake in the common protocol or a method's settings is the command's error, before
+    # any run starts, not every cell's "cannot run"
     parse_run_config(merge_overrides(default_run_config(), protocol))
+    M.check_methods(strategies, protocol)
     scenarios = M.scenarios(datasets, shifts, patterns, no_drift=not (args.skip_static or args.quick))
     frozen = tuple(sorted(protocol.items()))
     cells = [M.Cell(sc, s, seed, frozen) for sc in scenarios for s in strategies for seed in seeds]

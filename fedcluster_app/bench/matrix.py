@@ -14,7 +14,9 @@ A bench scenario is a data set, a kind of shift and a drift pattern:
 Every run of a scenario shares :data:`PROTOCOL` (clients, steps, rounds, local work, the scoring
 rule ``score-next-step``); the strategies keep their own algorithms' message schedules (FedDrift's
 time steps, FlexCFL's selection, FedCCFA's phases). ``num-clusters`` (the K of IFCA, FedEM, FedRC,
-FedSoft) is the number of concepts the scenario uses.
+FedSoft) is the number of concepts the scenario uses. Each row of the leaderboard is a
+:class:`Method`: a strategy with the settings its paper or its docs give it (:data:`METHODS`,
+each with its source), checked before any run starts (:func:`check_methods`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,6 @@ from fedcluster_app.core.config import ConfigValue, suggest
 DATASETS = ("mixture", "digits", "phishing", "imagesegments", "bananas", "shuttle")
 SHIFTS = ("label", "feature", "concept", "mix")
 PATTERNS = ("sudden", "incremental", "recurring", "staggered")
-
-#: the five papers' algorithms, then the baselines
-STRATEGIES = ("fielding", "feddrift", "flexcfl", "fedrc", "fedccfa",
-              "fedavg", "ifca", "cfl", "fedem", "fedsoft", "fedrep", "local", "oracle")
 
 #: one protocol for every run (the scenario's own paper protocol is off: ``protocol = none``)
 PROTOCOL: dict[str, ConfigValue] = {
@@ -45,6 +43,83 @@ PROTOCOL: dict[str, ConfigValue] = {
     "eval-every": 1,
     "score-next-step": True,
 }
+
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of the leaderboard: a strategy with the settings its paper or its docs give
+    it (run-config keys, on top of :data:`PROTOCOL`), and where they come from."""
+
+    strategy: str
+    settings: tuple[tuple[str, ConfigValue], ...] = ()
+    source: str = "the strategy's defaults"
+
+
+#: the five papers' algorithms, then the baselines; a method's settings are its own algorithm's
+#: (never the shared training recipe, which PROTOCOL sets for all)
+METHODS: dict[str, Method] = {
+    "fielding": Method("fielding", source="label-histogram representation, the default "
+                       "(docs/fielding/README.md): it sees label and feature shift, not a label "
+                       "permutation"),
+    "fielding-gradient": Method(
+        "fielding", (("fielding.rep", "gradient"), ("fielding.distance", "sqeuclidean")),
+        "the probe-gradient representation with squared Euclidean distance, which the doc "
+        "recommends for concept shift (docs/fielding/README.md, the concept-drift result)"),
+    "feddrift": Method("feddrift"),
+    "flexcfl": Method("flexcfl"),
+    "fedrc": Method("fedrc", (("init", "normal"),),
+                    "N(0, 1/fan_in) initialisation, as its preset: with PyTorch's default the K "
+                    "models start too alike for soft EM to separate (docs/fedrc/README.md)"),
+    "fedccfa": Method("fedccfa", (("fedccfa.eps", 0.05),
+                                  ("fedccfa.align-start", int(PROTOCOL["rounds-per-step"]))),
+                      "eps = 0.05 on these small data sets (docs/fedccfa/README.md: 0.1 merges "
+                      "drifted with non-drifted clients); alignment from the second time step "
+                      "(align-start = rounds-per-step, D13), so it runs in every scored step "
+                      "after the drift"),
+    "fedavg": Method("fedavg"),
+    "ifca": Method("ifca"),
+    "cfl": Method("cfl"),
+    "fedem": Method("fedem"),
+    "fedsoft": Method("fedsoft"),
+    "fedrep": Method("fedrep"),
+    "local": Method("local"),
+    "oracle": Method("oracle"),
+}
+STRATEGIES = tuple(METHODS)
+
+
+def method(name: str) -> Method:
+    """The method ``name``: a row of :data:`METHODS`, or any registered strategy at its
+    defaults; an unknown name lists the valid ones."""
+    if name in METHODS:
+        return METHODS[name]
+    from fedcluster_app.families import strategy_infos
+
+    registered = [info.name for info in strategy_infos()]
+    if name not in registered:
+        valid = sorted({*METHODS, *registered})
+        raise ValueError(f"unknown method {name!r}{suggest(name, valid)}; valid: the "
+                         f"benchmark's methods ({', '.join(METHODS)}) or any strategy")
+    return Method(name)
+
+
+def check_methods(names: list[str], protocol: dict[str, ConfigValue]) -> None:
+    """Every method's settings valid with the protocol: an unknown key or a value its
+    declaration refuses raises ValueError naming the method, before any run starts."""
+    from fedcluster_app.core.config import default_run_config, merge_overrides, parse_run_config
+    from fedcluster_app.families import strategy_info
+
+    for name in names:
+        m = method(name)
+        try:
+            config = merge_overrides(default_run_config(), {**protocol, **dict(m.settings),
+                                                             "strategy": m.strategy})
+            parse_run_config(config)
+            strategy_info(m.strategy).params.from_run_config(config)
+        except ValueError as ex:
+            raise ValueError(f"bench method {name!r} ({dict(m.settings)}): {ex}") from None
+
 
 #: the smoke matrix of ``--quick``: 8 short runs, seconds on 2 cores
 QUICK = {"datasets": ("mixture",), "shifts": ("concept", "label"), "patterns": ("sudden",),
@@ -112,9 +187,11 @@ class Cell:
         return f"{self.scenario.key}/{self.strategy}/seed{self.seed}"
 
     def config(self) -> dict[str, ConfigValue]:
-        """The cell's run config but ``num-clusters`` (which :func:`num_concepts` gives)."""
-        return {**dict(self.protocol), **self.scenario.run_config(), "strategy": self.strategy,
-                "seed": self.seed, "progress": False}
+        """The cell's run config but ``num-clusters`` (which :func:`num_concepts` gives): the
+        protocol, the scenario, and the method's strategy with its own settings."""
+        m = method(self.strategy)
+        return {**dict(self.protocol), **dict(m.settings), **self.scenario.run_config(),
+                "strategy": m.strategy, "seed": self.seed, "progress": False}
 
     def run_config(self, num_clusters: int) -> dict[str, ConfigValue]:
         return {**self.config(), "num-clusters": num_clusters}
@@ -144,8 +221,8 @@ def cannot_run(cell: Cell, run_config: dict[str, ConfigValue]) -> str | None:
     from fedcluster_app.core.config import ConfigError
 
     try:
-        make_strategy(cell.strategy, run_config={k: v for k, v in run_config.items()
-                                                 if k != "strategy"})
+        make_strategy(method(cell.strategy).strategy,
+                      run_config={k: v for k, v in run_config.items() if k != "strategy"})
     except (ConfigError, ValueError) as ex:
         return str(ex).splitlines()[0]
     return None

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fedcluster_app.bench import stats as S
-from fedcluster_app.bench.matrix import PATTERNS, SHIFTS
+from fedcluster_app.bench.matrix import PATTERNS, SHIFTS, method
 from fedcluster_app.bench.stats import OK
 from fedcluster_app.core.atomic import atomic_write_bytes
 from fedcluster_app.core.results.plots import new_figure, save_png
@@ -652,6 +652,26 @@ def _rounds_line(protocol: dict) -> str:
             f"{protocol['lr']} per round unless the algorithm has its own local schedule")
 
 
+def methods_table(strategies: list[str], rows: list[dict]) -> list[str]:
+    """Each method's own settings (on top of the protocol) and their source; a note where the
+    rows were run with other settings than the table gives now."""
+    lines = ["### Methods: each as its paper and docs configure it", "",
+             "| method | strategy | its own settings | source |", "|---|---|---|---|"]
+    stale = []
+    for name in strategies:
+        m = method(name)
+        settings = ", ".join(f"`{k} = {v}`" for k, v in m.settings) or "none"
+        lines.append(f"| {name} | `{m.strategy}` | {settings} | {m.source} |")
+        ran = {json.dumps(r.get("settings") or {}, sort_keys=True)
+               for r in rows if r["strategy"] == name}
+        if ran and ran != {json.dumps(dict(m.settings), sort_keys=True)}:
+            stale.append(name)
+    if stale:
+        lines += ["", f"The rows of {', '.join(stale)} were run before this table and without "
+                  f"these settings (a run of the command runs them again with them)."]
+    return lines + [""]
+
+
 def render(rows: list[dict], strategies: list[str], protocol: dict, command: str,
            plots: list[Path], doc: Path, data_file: Path, run_info: dict,
            reading: str | None = None) -> str:
@@ -715,6 +735,7 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         "scenarios`, from step 3; pattern via `drift-pattern`; no drift = the mix scenario with "
         "`drift-pattern = none`."),
         "",
+        *methods_table(strategies, rows),
     ]
     if reading:
         lines += ["## Reading", "", reading.strip(), ""]

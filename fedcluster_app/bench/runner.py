@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedcluster_app.bench.matrix import Cell, bench_scenario, cannot_run, num_concepts
+from fedcluster_app.bench.matrix import Cell, bench_scenario, cannot_run, method, num_concepts
 from fedcluster_app.bench.scores import score_run
 
 COMPLETED = ("completed", "degraded")
@@ -51,22 +51,34 @@ def _row(cell: Cell, status: str, reason: str | None = None, **scores: Any) -> d
     sc = cell.scenario
     return {"scenario": sc.key, "data": sc.data, "shift": sc.shift, "pattern": sc.pattern,
             "catalogue": sc.scenario, "strategy": cell.strategy, "seed": cell.seed,
-            "protocol": dict(cell.protocol), "status": status, "reason": reason, **scores}
+            "protocol": dict(cell.protocol), **_settings(cell), "status": status,
+            "reason": reason, **scores}
 
 
-def _key(scenario: str | None, strategy: str | None, seed: int, protocol: dict) -> tuple:
-    return scenario, strategy, seed, json.dumps(protocol, sort_keys=True)
+def _settings(cell: Cell) -> dict[str, Any]:
+    """The method's own settings, in its row (only where it has some: rows of methods at
+    their defaults keep the form they always had)."""
+    settings = dict(method(cell.strategy).settings)
+    return {"settings": settings} if settings else {}
+
+
+def _key(scenario: str | None, strategy: str | None, seed: int, protocol: dict,
+         settings: dict | None = None) -> tuple:
+    return (scenario, strategy, seed, json.dumps(protocol, sort_keys=True),
+            json.dumps(settings or {}, sort_keys=True))
 
 
 def reusable_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[Cell, dict[str, Any]]:
     """The finished rows among ``rows`` that match a cell: same scenario, strategy, seed and
     protocol (a row without its protocol matches nothing: what it was run with is unknown)."""
-    by_key = {_key(r.get("scenario"), r.get("strategy"), r["seed"], r["protocol"]): r
+    by_key = {_key(r.get("scenario"), r.get("strategy"), r["seed"], r["protocol"],
+                   r.get("settings")): r
               for r in rows if r.get("status") in COMPLETED
               and isinstance(r.get("protocol"), dict) and isinstance(r.get("seed"), int)}
     out = {}
     for cell in cells:
-        row = by_key.get(_key(cell.scenario.key, cell.strategy, cell.seed, dict(cell.protocol)))
+        row = by_key.get(_key(cell.scenario.key, cell.strategy, cell.seed, dict(cell.protocol),
+                              _settings(cell).get("settings")))
         if row is not None:
             out[cell] = row
     return out

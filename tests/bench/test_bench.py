@@ -336,3 +336,43 @@ def test_critical_difference_bars_join_the_strategies_no_test_tells_apart():
     assert R._cliques(np.array([1.0, 1.5, 3.0, 3.2]), 1.0) == [(0, 1), (2, 3)]
     assert R._cliques(np.array([1.0, 1.9, 2.5]), 1.0) == [(0, 1), (1, 2)]
     assert R._cliques(np.array([1.0, 3.0]), 1.0) == []
+
+
+def test_each_method_runs_with_its_own_settings_and_a_bad_entry_is_refused_before_any_run():
+    """The benchmark's methods table: FedCCFA's eps and align-start, FedRC's initialisation,
+    Fielding's two representations reach their runs' configs, rows record them (so a row run
+    with other settings is never reused), and an unknown method, key or value is refused by
+    name before anything runs."""
+    from fedcluster_app.bench import matrix as M
+    from fedcluster_app.bench.runner import _row, reusable_rows
+
+    sc = M.BenchScenario("mixture", "concept", "sudden")
+    protocol = tuple(sorted(M.PROTOCOL.items()))
+    ccfa = M.Cell(sc, "fedccfa", 0, protocol).config()
+    assert ccfa["strategy"] == "fedccfa" and ccfa["fedccfa.eps"] == 0.05
+    assert ccfa["fedccfa.align-start"] == M.PROTOCOL["rounds-per-step"]
+    grad = M.Cell(sc, "fielding-gradient", 0, protocol).config()
+    assert grad["strategy"] == "fielding" and grad["fielding.rep"] == "gradient"
+    assert M.Cell(sc, "fedrc", 0, protocol).config()["init"] == "normal"
+    assert "init" not in M.Cell(sc, "fedavg", 0, protocol).config()   # the shared recipe's
+    assert all(m.source for m in M.METHODS.values())
+    M.check_methods([*M.STRATEGIES, "fedprox"], M.PROTOCOL)   # any registered strategy too
+
+    cell = M.Cell(sc, "fedccfa", 0, protocol)
+    row = _row(cell, "completed", acc_next=0.5)
+    assert row["settings"] == {"fedccfa.eps": 0.05, "fedccfa.align-start": 4}
+    assert reusable_rows([row], [cell]) == {cell: row}
+    old = {k: v for k, v in row.items() if k != "settings"}   # run before the table
+    assert reusable_rows([old], [cell]) == {}
+
+    with pytest.raises(ValueError, match="unknown method 'fieldng'.*did you mean 'fielding'"):
+        M.check_methods(["fieldng"], M.PROTOCOL)
+    for bad, message in (((("fedccfa.eps", -1.0),), "fedccfa.eps must be > 0"),
+                         ((("fedccfa.epz", 1.0),), "unknown run-config key 'fedccfa.epz'"),
+                         ((("init", "gaussian"),), "init")):
+        M.METHODS["bad-entry"] = M.Method("fedccfa", bad, "a test")
+        try:
+            with pytest.raises(ValueError, match=rf"bench method 'bad-entry'.*{message}"):
+                M.check_methods(["bad-entry"], M.PROTOCOL)
+        finally:
+            del M.METHODS["bad-entry"]
