@@ -84,7 +84,10 @@ METHODS: dict[str, Method] = {
     "fedsoft": Method("fedsoft"),
     "fedrep": Method("fedrep"),
     "local": Method("local"),
-    "oracle": Method("oracle"),
+    "oracle": Method("oracle", (("oracle.warm-start", True),),
+                     "a new concept's model starts from the models its clients were on, so the "
+                     "reference keeps what they learnt (docs/foundation/README.md D4); an upper "
+                     "reference for concept shift only"),
 }
 STRATEGIES = tuple(METHODS)
 

@@ -757,7 +757,11 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
                "strategy is in the first tie group on the next step."), "",
               "## References: the Oracle and Local", "",
               ("Reported beside the ranking, not in it: the Oracle is told every client's "
-               "true concept, Local trains every client alone. Gap = the best ranked "
+               "true concept, Local trains every client alone. The Oracle (warm-started: a "
+               "new concept's model starts from its clients' models) is an upper reference for "
+               "concept shift only, where a concept id is the whole task; under label or "
+               "feature shift the clients of one concept id still have their own class priors "
+               "or inputs, and one model per concept id bounds nothing. Gap = the best ranked "
                "strategy's mean minus the reference's, per scenario, averaged (negative: above "
                "every ranked strategy); above every ranked = the scenarios where it is."), "",
               *references_table(rows), "",

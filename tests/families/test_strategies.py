@@ -124,3 +124,29 @@ def test_metrics_jsonl_has_the_contract_fields(fast_config):
     for key in ("strategy", "scenario", "seed", "rounds", "mean_accuracy", "final_accuracy",
                 "ari_final", "bytes_up", "bytes_down", "wall_time_s"):
         assert key in summary
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_the_oracle_starts_a_new_concepts_model_afresh_or_from_its_clients_models(
+        fast_config, monkeypatch, warm):
+    """oracle.warm-start: the model of the concept that appears at the drift is the mean of
+    the models its clients were on (here all on concept 0's model), not the common
+    initialisation; off, it is the common initialisation (D4)."""
+    from fedcluster_app.families.foundation.oracle import Oracle
+
+    created = []
+    new_model = Oracle.new_model
+
+    def spy(self, weights=None, **kw):
+        start = weights if weights is not None else self.initial_weights()
+        created.append(([a.copy() for a in start], {m: [a.copy() for a in w]
+                                                    for m, w in self.models.items()}))
+        return new_model(self, weights, **kw)
+
+    monkeypatch.setattr(Oracle, "new_model", spy)
+    summary = run_inprocess(fast_config(strategy="oracle", **{"oracle.warm-start": warm}))
+    assert summary["status"] == "completed" and len(created) == 2
+    (first, _), (second, models_then) = created
+    assert all(np.array_equal(a, b) for a, b in zip(first, second)) != warm
+    if warm:
+        assert all(np.allclose(a, b) for a, b in zip(second, models_then[0]))

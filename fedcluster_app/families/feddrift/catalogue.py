@@ -13,6 +13,7 @@ from __future__ import annotations
 from fedcluster_app.core.data.catalogue import ScenarioDef
 from fedcluster_app.core.strategy_info import StrategyInfo
 from fedcluster_app.families.feddrift.params import BaselineParams, FedDriftParams
+from fedcluster_app.families.foundation.params import OracleParams
 
 _PKG = "fedcluster_app.families.feddrift"
 
@@ -43,10 +44,10 @@ WINDOW_2 = StrategyInfo(
     f"{_PKG}.baselines:Window2")
 ORACLE_T = StrategyInfo(
     "oracle-t", "FedDrift protocol Oracle: one model per true concept, all history",
-    f"{_PKG}.baselines:OracleT")
+    f"{_PKG}.baselines:OracleT", OracleParams)
 ORACLE_W = StrategyInfo(
     "oracle-w", "FedDrift protocol Oracle-W: one model per true concept, newest batch only",
-    f"{_PKG}.baselines:OracleW")
+    f"{_PKG}.baselines:OracleW", OracleParams)
 KUE = StrategyInfo(
     "kue", "KUE: 10 models on random feature subspaces, kappa weights, replace the worst",
     f"{_PKG}.baselines:KUE")

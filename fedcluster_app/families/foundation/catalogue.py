@@ -4,7 +4,12 @@ without importing them (``fedcluster_app/families/__init__.py``)."""
 from __future__ import annotations
 
 from fedcluster_app.core.strategy_info import StrategyInfo
-from fedcluster_app.families.foundation.params import AdaptiveFedAvgParams, CFL3Params, CFLParams
+from fedcluster_app.families.foundation.params import (
+    AdaptiveFedAvgParams,
+    CFL3Params,
+    CFLParams,
+    OracleParams,
+)
 
 _PKG = "fedcluster_app.families.foundation"
 
@@ -19,7 +24,7 @@ IFCA = StrategyInfo(
     f"{_PKG}.ifca:IFCA")
 ORACLE = StrategyInfo(
     "oracle", "clusters = ground-truth concepts (upper reference)",
-    f"{_PKG}.oracle:Oracle")
+    f"{_PKG}.oracle:Oracle", OracleParams)
 LOCAL = StrategyInfo(
     "local", "no federation: every client trains its own model, kept on the client",
     f"{_PKG}.local:Local")

@@ -43,3 +43,13 @@ class AdaptiveFedAvgParams(HParams):
     beta2: float = param(0.3, "EMA rate of their squared deviation from the previous mean",
                          gt=0, lt=1)
     beta3: float = param(0.7, "EMA rate of the variance ratio", gt=0, lt=1)
+
+
+@dataclass(frozen=True)
+class OracleParams(HParams):
+    """The Oracle's one choice: where a concept's model starts when the concept first appears."""
+
+    table = "oracle"
+    warm_start: bool = param(False, "true = from the mean of the models its clients were on "
+                             "(a reference that keeps what they learnt, as the other methods "
+                             "can); false = from the run's common initialisation (D4)")
