@@ -1,6 +1,7 @@
-"""Seconds per round and peak memory of the in-process engine at 100 to 10,000 clients.
+"""Seconds per round and peak memory of the in-process engine at 100 to 100,000 clients.
 
-FedAvg on CIRCLE-2, every client training 1 local step per round and every client evaluated;
+FedAvg on CIRCLE-2, every client (or ``--fraction`` of them) training 1 local step per round and
+evaluated;
 each size runs in its own process (its peak resident memory is its own), batched (the default)
 and, with ``--unbatched``, one client after the other too. The time per round is the median of
 the rounds' ``round_time_s`` (training and evaluation of every client, server work included);
@@ -8,7 +9,12 @@ start-up (imports, data) is left out. The last column is the time per client-rou
 the smallest size: 1.0 means linear scaling.
 
     python benchmarks/bench_scaling.py [--clients 100 1000 10000] [--rounds 3] [--unbatched]
-        [--jsonl docs/operations/performance_scaling.jsonl [--append]]
+        [--fraction 0.01] [--jsonl docs/operations/performance_scaling.jsonl [--append]]
+
+With ``--fraction f`` a round samples f of the clients for training and f for evaluation
+(``fraction-train``, ``fraction-evaluate``); the first round (discovery of every node, which
+asks each client its data size) is also reported apart (``first_round_s``; ``later_round_s``:
+the median of the others).
 """
 
 from __future__ import annotations
@@ -30,17 +36,20 @@ from pathlib import Path
 from flwr.common.logger import FLOWER_LOGGER
 FLOWER_LOGGER.setLevel(logging.ERROR)
 from fedcluster_app.engine import run_inprocess
-n, rounds, batch = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+n, rounds, batch, fraction = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4])
 out = Path(tempfile.mkdtemp()) / "run"
 t0 = time.perf_counter()
 summary = run_inprocess({"strategy": "fedavg", "scenario": "circle2", "num-clients": n,
     "local-steps": 1, "num-steps": 1, "rounds-per-step": rounds, "protocol": "none",
     "batch-clients": batch, "checkpoint-client-state": False, "plot": False, "progress": False,
+    "fraction-train": fraction, "fraction-evaluate": fraction, "node-wait-s": 0,
     "out-dir": str(out)})
 wall = time.perf_counter() - t0
 times = [json.loads(l)["round_time_s"] for l in (out / "metrics.jsonl").read_text().splitlines()]
-print(json.dumps({"clients": n, "batched": batch, "rounds": rounds, "status": summary["status"],
-    "round_s": statistics.median(times), "run_s": round(wall, 2),
+print(json.dumps({"clients": n, "batched": batch, "rounds": rounds, "fraction": fraction,
+    "status": summary["status"], "first_round_s": times[0],
+    "round_s": statistics.median(times), "later_round_s": statistics.median(times[1:] or times),
+    "run_s": round(wall, 2),
     "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     "accuracy": summary.get("final_accuracy")}))
 """
@@ -51,6 +60,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--unbatched", action="store_true", help="also one client after the other")
+    ap.add_argument("--fraction", type=float, default=1.0,
+                    help="share of the clients trained and evaluated each round")
     args = ap.parse_args()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FEDCLUSTER_TORCH_THREADS": "1"}
     rows = []
@@ -59,7 +70,7 @@ def main() -> None:
         for n in args.clients:
             with tempfile.TemporaryDirectory() as tmp:
                 res = subprocess.run([sys.executable, "-c", CHILD, str(n), str(args.rounds),
-                                      "1" if batch else "0"], env=env, cwd=tmp,
+                                      "1" if batch else "0", str(args.fraction)], env=env, cwd=tmp,
                                      capture_output=True, text=True, check=False)
             if res.returncode != 0:
                 raise SystemExit(f"{n} clients failed:\n{res.stderr[-2000:]}")

@@ -63,11 +63,10 @@ class NodeDirectory:
         if not unknown:
             return []
         step = s.protocol.time_step(max(s.round, 1))
-        messages = [
-            Message(content=codec.build_content(config={P.ROUND: s.round, P.STEP: step}),
-                    dst_node_id=n, message_type=P.QUERY_INFO, group_id="discover")
-            for n in unknown
-        ]
+        messages = [flower_fast.instruction(codec.build_content(config={P.ROUND: s.round,
+                                                                         P.STEP: step}),
+                                            n, P.QUERY_INFO, "discover")
+                    for n in unknown]
         new, mapped = [], []
         for msg in grid.send_and_receive(messages, timeout=s.round_timeout):
             node = msg.metadata.src_node_id
