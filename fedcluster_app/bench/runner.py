@@ -98,7 +98,24 @@ def _score(cell: Cell, out: Path) -> dict[str, Any]:
     except ValueError as ex:
         return _row(cell, "failed", f"cannot score: {ex}")
     return _row(cell, summary["status"], summary.get("reason"), concepts=concepts.tolist(),
-                **scores)
+                recipe=effective_recipe(summary, records), **scores)
+
+
+#: the shared training settings a row states (the run's resolved values)
+RECIPE_KEYS = ("optimizer", "lr", "momentum", "weight-decay", "local-steps", "local-epochs",
+               "batch-size")
+
+
+def effective_recipe(summary: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
+    """How a run trained: its shared training settings as resolved, and the optimizer steps
+    its clients actually took (``gradient_steps`` of metrics.jsonl: every exchange and phase,
+    pre-training and a family's extra passes included), in all and per client and round."""
+    config = summary.get("resolved_config") or summary.get("config") or {}
+    steps = sum(int(r.get("gradient_steps") or 0) for r in records)
+    clients = int(summary.get("num_clients") or 0)
+    return {**{k: config.get(k) for k in RECIPE_KEYS}, "gradient_steps": steps,
+            "steps_per_client_round": (round(steps / (clients * len(records)), 3)
+                                       if clients and records else None)}
 
 
 def _run_on_ray(todo: dict[Cell, dict], address: str,

@@ -7,12 +7,15 @@ the device the model is on (``device`` in the run config), results come back as 
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.sampling import bootstrap_rows, choice_batches, fresh_draws, seeded
@@ -46,6 +49,29 @@ def device_of(model: nn.Module) -> torch.device:
 def _tensors(x: np.ndarray, y: np.ndarray, device: torch.device | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
     return as_tensor(x, device=device), as_tensor(y, np.int64, device)
+
+
+class StepCount:
+    """How many optimizer steps ran inside :func:`counting_steps`."""
+
+    count = 0
+
+
+@contextlib.contextmanager
+def counting_steps() -> Iterator[StepCount]:
+    """Count every optimizer step taken inside (any optimizer, any phase): for training code
+    that steps its own optimizers instead of yielding jobs (``core/client/handlers.py`` counts
+    the jobs' steps itself)."""
+    counted = StepCount()
+
+    def hook(*_args) -> None:
+        counted.count += 1
+
+    handle = register_optimizer_step_post_hook(hook)
+    try:
+        yield counted
+    finally:
+        handle.remove()
 
 
 def make_optimizer(params: list[torch.Tensor], cfg: TrainConfig) -> torch.optim.Optimizer:

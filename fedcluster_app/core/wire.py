@@ -64,6 +64,7 @@ ACCURACY = "accuracy"
 LOSS = "loss"
 MODEL_IDS = "model-ids"
 HISTOGRAM = "histogram"
+GRADIENT_STEPS = "gradient-steps"   # the optimizer steps a reply's training took, every job's
 
 PERSONAL_MODEL_ID = -1         # id under which a client's personal model is reported
 
@@ -73,7 +74,7 @@ PERSONAL_MODEL_ID = -1         # id under which a client's personal model is rep
 # only have to be finite numbers.
 REPLY_METRICS: dict[str, str] = {
     CLIENT_ID: "int", CONCEPT: "int", STEP: "int", ROUND: "int", NUM_EXAMPLES: "int",
-    CHOSEN: "int",
+    CHOSEN: "int", GRADIENT_STEPS: "int",
     TRAIN_LOSS: "scalar", ACCURACY: "unit", LOSS: "scalar",
     LOSSES: "list", ACCURACIES: "unit-list", MODEL_IDS: "int-list", HISTOGRAM: "int-list",
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -376,3 +377,24 @@ def test_each_method_runs_with_its_own_settings_and_a_bad_entry_is_refused_befor
                 M.check_methods(["bad-entry"], M.PROTOCOL)
         finally:
             del M.METHODS["bad-entry"]
+
+
+def test_a_row_states_the_recipe_and_the_steps_each_method_actually_took(fast_config):
+    """metrics.jsonl's gradient_steps counts every optimizer step the accepted replies took
+    (FlexCFL's pre-training and FedCCFA's extra phases included); a bench row states them
+    with the resolved training settings."""
+    from fedcluster_app.bench.runner import effective_recipe
+    from fedcluster_app.core.results import load_run
+    from fedcluster_app.engine import run_inprocess
+
+    per_client_round = {}
+    for strategy, extra in (("fedavg", {}), ("flexcfl", {}),
+                            ("fedccfa", {"scenario": "digits-swap", "hidden": 16})):
+        summary = run_inprocess(fast_config(strategy=strategy, num_steps=2,
+                                            out_dir=fast_config()["out-dir"] + strategy, **extra))
+        recipe = effective_recipe(*load_run(Path(summary["out_dir"])))
+        assert recipe["local-steps"] == 5 and recipe["optimizer"] == "adam"
+        per_client_round[strategy] = recipe["steps_per_client_round"]
+    assert per_client_round["fedavg"] == 5.0                  # 5 local steps, every client
+    assert per_client_round["flexcfl"] > 5.0                  # + its group cold start
+    assert per_client_round["fedccfa"] > 5.0                  # + classifier phases

@@ -92,7 +92,7 @@ def runs() -> list[tuple[str, dict]]:
 
 
 # fields added to metrics.jsonl after the recording (compared only when the golden has them)
-ADDED = {"bounded_updates", "reason", "models_allocated", "assignments", "models_allocated_final",
+ADDED = {"gradient_steps", "bounded_updates", "reason", "models_allocated", "assignments", "models_allocated_final",
          "train_loss", "assignments_final", "resolved_config", "data_fingerprint", "versions",
          "git", "round_protocol", "accuracy_rule"}
 

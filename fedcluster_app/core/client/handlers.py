@@ -35,13 +35,29 @@ def call(handler: Handler, client: StreamClient, config: dict, models: Models) -
     out = handler(client, config, models)
     if not inspect.isgenerator(out):
         return out
+    steps = 0
     try:
         jobs = next(out)
         while True:
+            steps += _steps(jobs)
             jobs = out.send(run_jobs(jobs))
     except StopIteration as stop:
         _finished(client)
-        return stop.value
+        return _with_steps(stop.value, steps)
+
+
+def _steps(jobs: Sequence) -> int:
+    """The optimizer steps of a handler's training jobs: one per minibatch each job sees."""
+    return sum(len(job.batches) for job in jobs)
+
+
+def _with_steps(result: tuple, steps: int) -> tuple:
+    """A reply tuple whose metrics say how many optimizer steps its training took (every
+    phase of it: pre-training, extra passes), so a benchmark can state each method's work."""
+    if not steps:
+        return result
+    metrics, *rest = result
+    return ({**metrics, P.GRADIENT_STEPS: steps}, *rest)
 
 
 def _finished(client: StreamClient | None) -> None:
@@ -55,13 +71,15 @@ def call_many(calls: Sequence[Call]) -> list[tuple | Exception]:
     the same point are run together, batched across clients. A call that raises fails alone."""
     out: list[tuple | Exception | None] = [None] * len(calls)
     waiting: dict[int, tuple[Any, list]] = {}     # call -> (its generator, the jobs it yielded)
+    steps = [0] * len(calls)                      # call -> optimizer steps of its jobs so far
 
     def resume(i: int, gen, sent) -> None:
         try:
             waiting[i] = (gen, gen.send(sent))     # send(None) starts a generator
+            steps[i] += _steps(waiting[i][1])
         except StopIteration as stop:
             _finished(calls[i][1])
-            out[i] = stop.value
+            out[i] = _with_steps(stop.value, steps[i])
         except Exception as ex:  # noqa: BLE001 - one client's failure is its own error reply
             out[i] = ex
 

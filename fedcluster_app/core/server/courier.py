@@ -96,6 +96,7 @@ class Courier:
                 self.fail(cid, f"{wire_kind} reply rejected: {type(ex).__name__}: {ex}")
                 continue
             s.round_stats.bytes_up += reply.nbytes
+            s.round_stats.gradient_steps += reply.metrics.get(P.GRADIENT_STEPS, 0)
             s.clients[cid].last_round = s.round
             out.append(reply)
         for node, (cid, _, _) in sent.items():

@@ -65,6 +65,8 @@ class RoundStats:
     bounded_updates: int = 0
     #: failures by kind: "no-reply", "error" (the client's), or a ``RejectedReply.kind``
     rejected: dict[str, int] = field(default_factory=dict)
+    #: the optimizer steps the accepted replies' training took (every exchange, every phase)
+    gradient_steps: int = 0
 
     def as_record(self) -> dict[str, Any]:
         record = asdict(self)
@@ -234,12 +236,14 @@ class RoundRunner:
         s.discover(grid)
         if not resumed:
             s.on_start()
+        before_round_1 = s.round_stats.gradient_steps   # on_start's training: round 1's work
         last_checkpoint = time.monotonic()
         for rnd in range(s.round + 1, total + 1):
             step = protocol.time_step(rnd)
             new_step = protocol.starts_step(rnd)
             last_of_step = rnd == total or protocol.starts_step(rnd + 1)
-            s.round_stats = RoundStats()
+            s.round_stats = RoundStats(gradient_steps=before_round_1)
+            before_round_1 = 0
             protocol.start_round(rnd)
             t_round = time.monotonic()
             self.deadline = t_round + s.round_timeout   # one deadline for the whole round
