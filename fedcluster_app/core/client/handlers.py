@@ -13,6 +13,7 @@ the built-in table and every family's.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +23,7 @@ import numpy as np
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.client.batched import run_jobs, run_jobs_batched
 from fedcluster_app.core.client.stream_client import StreamClient
+from fedcluster_app.core.training import counting_steps
 
 Models = dict[int, list[np.ndarray]]
 Handler = Callable[[StreamClient, dict[str, Any], Models], tuple]
@@ -49,6 +51,19 @@ def call(handler: Handler, client: StreamClient, config: dict, models: Models) -
 def _steps(jobs: Sequence) -> int:
     """The optimizer steps of a handler's training jobs: one per minibatch each job sees."""
     return sum(len(job.batches) for job in jobs)
+
+
+def counts_steps(handler: Handler) -> Handler:
+    """``handler``, whose reply also says how many optimizer steps it took: for a handler
+    that steps its own optimizers instead of yielding jobs (whose steps ``call`` and
+    ``call_many`` count), every optimizer step inside it is counted."""
+    @functools.wraps(handler)
+    def counted(client: StreamClient, config: dict, models: Models) -> tuple:
+        with counting_steps() as steps:
+            result = handler(client, config, models)
+        return _with_steps(result, steps.count)
+
+    return counted
 
 
 def _with_steps(result: tuple, steps: int) -> tuple:

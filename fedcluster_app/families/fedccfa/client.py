@@ -53,11 +53,11 @@ from fedcluster_app.core.models import (
     get_weights,
     split_model,
 )
+from fedcluster_app.core.client.handlers import counts_steps
 from fedcluster_app.core.client.stream_client import StreamClient
 from fedcluster_app.core.training import (
     as_tensor,
     batch_indices,
-    counting_steps,
     device_of,
     make_optimizer,
 )
@@ -186,12 +186,6 @@ def _begin(client: StreamClient, config: dict, models: dict[int, list[np.ndarray
 
 
 def train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
-    with counting_steps() as steps:   # every phase's optimizer steps (the reply says how many)
-        metrics, *rest = _train(client, config, models)
-    return ({**metrics, P.GRADIENT_STEPS: steps.count} if steps.count else metrics), *rest
-
-
-def _train(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
     mid, weights, algo, p = _begin(client, config, models, TRAIN_KIND)
     rnd = int(config[P.ROUND])
     x, y = client.train_data(int(config[P.STEP]))
@@ -382,12 +376,6 @@ def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, fl
 
 
 def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
-    with counting_steps() as steps:   # FedBABU fine-tunes before it scores
-        metrics, *rest = _evaluate(client, config, models)
-    return ({**metrics, P.GRADIENT_STEPS: steps.count} if steps.count else metrics), *rest
-
-
-def _evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
     _, weights, algo, p = _begin(client, config, models, EVAL_KIND)
     step = int(config[P.STEP])
     model = client.fresh_model(0, weights)
@@ -417,4 +405,6 @@ def _evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndar
     return metrics, {}, {}
 
 
-HANDLERS = {TRAIN_KIND: train, EVAL_KIND: evaluate}
+# the family steps its own optimizers (every phase; FedBABU fine-tunes before it scores): the
+# replies say how many steps they took
+HANDLERS = {TRAIN_KIND: counts_steps(train), EVAL_KIND: counts_steps(evaluate)}
