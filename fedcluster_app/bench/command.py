@@ -6,6 +6,7 @@ import argparse
 import os
 import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedcluster_app.bench import matrix as M
@@ -19,9 +20,14 @@ EPILOG = """\
 examples:
   fedcluster bench --quick                      # a smoke matrix (8 short runs, seconds)
   fedcluster bench --workers 2                  # the full matrix (resumable: run it again to go on)
+  fedcluster bench --tier scale --workers 2     # the papers' regime: 100 clients, 20% a round
   fedcluster bench --datasets digits --strategies fedavg ifca fielding --seeds 0 1 2
   # regenerate the committed page: it runs only what the committed rows lack
   fedcluster bench --workers 2 --reuse-rows docs/benchmark/runs.jsonl --report docs/benchmark/README.md
+
+Each method's learning rate is chosen per data set from --lr-grid on a validation seed that is
+never scored (those runs come first; their rows go beside the page's, in tuning.jsonl);
+--set lr=RATE gives every method that rate instead.
 
 The leaderboard, its rows and plots go under the runs directory (RUNS_DIR/benchmark.md and
 RUNS_DIR/benchmark/) unless --report names another page (a page named README.md keeps them
@@ -36,13 +42,23 @@ def add_parser(sub) -> None:
                    help=f"the smoke matrix: {', '.join(M.QUICK['datasets'])}, shifts "
                         f"{', '.join(M.QUICK['shifts'])}, strategies "
                         f"{', '.join(M.QUICK['strategies'])}, one seed, shorter runs")
-    b.add_argument("--datasets", nargs="+", help=f"default: {' '.join(M.DATASETS)}")
-    b.add_argument("--shifts", nargs="+", help=f"default: {' '.join(M.SHIFTS)}")
-    b.add_argument("--patterns", nargs="+", help=f"default: {' '.join(M.PATTERNS)}")
+    b.add_argument("--tier", default="headline",
+                   help="which matrix: " + "; ".join(f"{k}: {t.description}"
+                                                     for k, t in M.TIERS.items())
+                        + " (default headline)")
+    b.add_argument("--datasets", nargs="+", help="default: the tier's")
+    b.add_argument("--shifts", nargs="+", help="default: the tier's")
+    b.add_argument("--patterns", nargs="+", help="default: the tier's")
+    b.add_argument("--priors", nargs="+",
+                   help=f"the clients' class priors, of {' '.join(M.PRIORS)} (default: the "
+                        "tier's; dirichlet runs on the patterns it is an axis of)")
+    b.add_argument("--lr-grid", nargs="+", type=float, metavar="LR",
+                   help=f"the learning rates each method is tuned over per data set on seed "
+                        f"{M.VALIDATION_SEED} (default {' '.join(map(str, M.LR_GRID))})")
     b.add_argument("--skip-static", action="store_true",
                    help="leave out the no-drift scenario of each data set")
     b.add_argument("--strategies", nargs="+", help=f"default: {' '.join(M.STRATEGIES)}")
-    b.add_argument("--seeds", nargs="+", type=int, help="default: 0 1 2")
+    b.add_argument("--seeds", nargs="+", type=int, help=f"default: {' '.join(map(str, M.SEEDS))}")
     b.add_argument("--workers", type=int, default=1,
                    help="runs at a time, each in its own process (default 1)")
     b.add_argument("--ray-address", metavar="ADDRESS",
@@ -63,11 +79,26 @@ def add_parser(sub) -> None:
     b.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change the common protocol (every run), e.g. --set rounds-per-step=6")
+    b.add_argument("--tune-only", action="store_true",
+                   help="run the learning-rate tuning, write its rows (tuning.jsonl beside the "
+                        "page's) and print the rates chosen, then stop")
     b.add_argument("--dry-run", action="store_true",
                    help="list the runs and which cannot run, run nothing")
 
 
-def cells_of(args: argparse.Namespace) -> tuple[list[M.Cell], list[str], dict]:
+@dataclass
+class Plan:
+    """What one ``fedcluster bench`` runs: the learning-rate tuning runs (none with a fixed
+    rate), the matrix's cells (their rates set once the tuning has run), its methods and its
+    common protocol."""
+
+    tuning: list[M.Cell]
+    cells: list[M.Cell]
+    strategies: list[str]
+    protocol: dict
+
+
+def plan_of(args: argparse.Namespace) -> Plan:
     from fedcluster_app.core.config import (
         default_run_config,
         merge_overrides,
@@ -75,24 +106,41 @@ def cells_of(args: argparse.Namespace) -> tuple[list[M.Cell], list[str], dict]:
         parse_run_config,
     )
 
+    tier = M.TIERS[M.check_names("tier", [args.tier], list(M.TIERS))[0]]
     quick = M.QUICK if args.quick else {}
-    datasets = M.check_names("data set", args.datasets or quick.get("datasets", M.DATASETS),
-                             M.DATASETS)
-    shifts = M.check_names("shift", args.shifts or quick.get("shifts", M.SHIFTS), M.SHIFTS)
-    patterns = M.check_names("drift pattern", args.patterns
-                             or quick.get("patterns", M.PATTERNS), M.PATTERNS)
+    pick = lambda kind, given, key, valid: M.check_names(
+        kind, given or quick.get(key, getattr(tier, key)), valid)
+    datasets = pick("data set", args.datasets, "datasets", M.DATASETS)
+    shifts = pick("shift", args.shifts, "shifts", M.SHIFTS)
+    patterns = pick("drift pattern", args.patterns, "patterns", M.PATTERNS)
+    priors = pick("prior", args.priors, "priors", M.PRIORS)
     strategies = list(args.strategies or quick.get("strategies", M.STRATEGIES))
-    seeds = args.seeds if args.seeds is not None else list(quick.get("seeds", (0, 1, 2)))
-    protocol = {**M.PROTOCOL, **quick.get("protocol", {}),
-                **dict(parse_assignment(s) for s in args.set)}
+    seeds = args.seeds if args.seeds is not None else list(quick.get("seeds", M.SEEDS))
+    if M.VALIDATION_SEED in seeds:
+        raise ValueError(f"seed {M.VALIDATION_SEED} is the validation seed the learning rates "
+                         f"are chosen on: it is never scored (choose other seeds)")
+    given = dict(parse_assignment(s) for s in args.set)
+    protocol = {**M.PROTOCOL, **dict(tier.protocol), **quick.get("protocol", {}), **given}
+    tune = not args.quick and "lr" not in given
+    if not tune and args.tune_only:
+        raise ValueError("--tune-only runs the learning-rate tuning, which "
+                         + ("--set lr fixes" if "lr" in given else "--quick does not run"))
+    if not tune and args.lr_grid:
+        raise ValueError("--lr-grid tunes the learning rate, which "
+                         + ("--set lr fixes" if "lr" in given else "--quick does not tune")
+                         + ": give one or the other")
     # a mistake in the common protocol or a method's settings is the command's error, before
     # any run starts, not every cell's "cannot run"
     parse_run_config(merge_overrides(default_run_config(), protocol))
     M.check_methods(strategies, protocol)
-    scenarios = M.scenarios(datasets, shifts, patterns, no_drift=not (args.skip_static or args.quick))
+    scenarios = M.scenarios(datasets, shifts, patterns, priors,
+                            no_drift=not (args.skip_static or args.quick))
     frozen = tuple(sorted(protocol.items()))
     cells = [M.Cell(sc, s, seed, frozen) for sc in scenarios for s in strategies for seed in seeds]
-    return cells, strategies, protocol
+    tuning = (M.tuning_cells(sorted({c.scenario.data for c in cells}, key=datasets.index),
+                             strategies, frozen, tuple(args.lr_grid or M.LR_GRID), priors)
+              if tune else [])
+    return Plan(tuning, cells, strategies, protocol)
 
 
 def heatmap_scenarios(scenarios: list[str]) -> list[str]:
@@ -103,8 +151,8 @@ def heatmap_scenarios(scenarios: list[str]) -> list[str]:
         by_data.setdefault(sc.split("/")[0], []).append(sc)
     out = []
     for scs in by_data.values():
-        drifting = [sc for sc in scs if not sc.endswith("/none")]
-        preferred = [sc for sc in drifting if sc.endswith("/mix/sudden")]
+        drifting = [sc for sc in scs if "/none" not in sc]
+        preferred = [sc for sc in drifting if "/mix/sudden" in sc]
         if preferred or drifting:
             out.append((preferred or drifting)[0])
     return out
@@ -112,9 +160,12 @@ def heatmap_scenarios(scenarios: list[str]) -> list[str]:
 
 def output_paths(args: argparse.Namespace) -> tuple[Path, Path]:
     """The runs directory and the leaderboard page. The page goes into the runs directory
-    unless ``--report`` names another (the smoke matrix has a runs directory of its own), so a
-    bench writes into the repository only where it is told to."""
-    runs_dir = args.runs_dir or (QUICK_RUNS_DIR if args.quick else RUNS_DIR)
+    unless ``--report`` names another (the smoke matrix and each tier but the headline have a
+    runs directory of their own), so a bench writes into the repository only where it is
+    told to."""
+    default = (QUICK_RUNS_DIR if args.quick else RUNS_DIR if args.tier == "headline"
+               else RUNS_DIR.with_name(f"{RUNS_DIR.name}-{args.tier}"))
+    runs_dir = args.runs_dir or default
     return runs_dir, args.report or runs_dir / REPORT_NAME
 
 
@@ -130,37 +181,58 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from fedcluster_app.bench.runner import run_dir, run_matrix
 
     args.runs_dir, args.report = output_paths(args)
-    cells, strategies, protocol = cells_of(args)
+    plan = plan_of(args)
+    folder = report_folder(args.report)
     if args.dry_run:
-        for cell in cells:
+        for cell in plan.tuning + plan.cells:
             why = M.cannot_run(cell, cell.run_config(M.num_concepts(cell)))
             done = (run_dir(args.runs_dir, cell) / "summary.json").is_file()
-            print(f"{cell.name}: " + (f"cannot run: {why}" if why else
-                                      "finished" if done else "to run"))
+            rate = (f" (tunes lr {cell.lr})" if cell in plan.tuning
+                    else " (lr: tuned)" if plan.tuning else "")
+            print(f"{cell.name}{rate}: " + (f"cannot run: {why}" if why else
+                                             "finished" if done else "to run"))
         return 0
-    reuse = R.read_rows(args.reuse_rows) if args.reuse_rows else None
+    reuse = None
+    if args.reuse_rows:   # the matrix's rows, and the tuning's that sit beside them
+        tuned_beside = args.reuse_rows.parent / R.TUNING_FILE
+        reuse = R.read_rows(args.reuse_rows) + (R.read_rows(tuned_beside)
+                                                if tuned_beside.is_file() else [])
+    log = lambda line: print(line, flush=True)
     t0, load0 = time.time(), os.getloadavg()[0]
+    tuning_rows, tuned_ran = [], 0
+    cells = plan.cells
+    if plan.tuning:
+        log(f"bench: tuning the learning rate on seed {M.VALIDATION_SEED} over "
+            f"{sorted({c.lr for c in plan.tuning})}")
+        tuning_rows, tuned_ran = run_matrix(plan.tuning, args.runs_dir.resolve(),
+                                            workers=args.workers, retry_failed=args.retry_failed,
+                                            log=log, ray_address=args.ray_address, reuse=reuse)
+        R.write_rows(tuning_rows, folder / R.TUNING_FILE)
+        cells = M.with_tuned_lrs(cells, M.tuned_lrs(tuning_rows))
+        if args.tune_only:
+            print("\n".join(R.learning_rates_table(tuning_rows)))
+            print(f"bench: tuning rows {folder / R.TUNING_FILE}")
+            return 0
     rows, ran = run_matrix(cells, args.runs_dir.resolve(), workers=args.workers,
-                           retry_failed=args.retry_failed,
-                           log=lambda line: print(line, flush=True),
+                           retry_failed=args.retry_failed, log=log,
                            ray_address=args.ray_address, reuse=reuse)
     load1 = os.getloadavg()[0]
-    folder = report_folder(args.report)
     data_file = folder / "runs.jsonl"
     R.write_rows(rows, data_file)
     heat = heatmap_scenarios([r["scenario"] for r in rows])
-    plots = R.plot_all(rows, strategies, folder, heat)
+    plots = R.plot_all(rows, plan.strategies, folder, heat)
     reading_file = folder / "reading.md"
     reading = reading_file.read_text() if reading_file.is_file() else None
     command = "fedcluster " + " ".join(shlex.quote(a) for a in (argv or ["bench"]))
-    info = {"compute_min": sum(r.get("wall_time_s") or 0 for r in rows) / 60.0,
+    info = {"compute_min": sum(r.get("wall_time_s") or 0 for r in rows + tuning_rows) / 60.0,
             "where": (f"on the Ray cluster at {args.ray_address}" if args.ray_address
                       else f"on {args.workers} worker process(es)"),
-            "cores": os.cpu_count(), "ran": ran,
+            "cores": os.cpu_count(), "ran": ran + tuned_ran,
             "elapsed_min": (time.time() - t0) / 60.0,
-            "load": f"{load0:.1f} at its start, {load1:.1f} at its end"}
-    text = R.render(rows, strategies, protocol, command, plots, args.report, data_file,
-                    info, reading)
+            "load": f"{load0:.1f} at its start, {load1:.1f} at its end",
+            "tier": M.TIERS[args.tier]}
+    text = R.render(rows, plan.strategies, plan.protocol, command, plots, args.report,
+                    data_file, info, reading, tuning_rows)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(args.report, text.encode())
     ok = sum(1 for r in rows if r["status"] in R.OK)

@@ -9,10 +9,18 @@ A bench scenario is a data set, a kind of shift and a drift pattern:
   (``<data>-permute`` / ``mixture-swap``: y -> (y+1) % C) and ``mix`` (``<data>-mix``: each
   drifting client gets one of the three);
 * pattern: ``sudden``, ``incremental``, ``recurring``, ``staggered`` (the scenarios' drift
-  patterns, ``fedcluster list scenarios``), and once per data set ``none`` (no drift).
+  patterns, ``fedcluster list scenarios``), and once per data set ``none`` (no drift);
+  ``concept/incremental`` is not run: a label permutation has no intermediate step, so it would
+  repeat ``concept/sudden`` run for run (:data:`REPEATS`);
+* prior: ``uniform`` (every client the same class frequencies: what tells clients apart is the
+  drift) on every shift and pattern, and ``dirichlet`` (each client its own Dirichlet(1) class
+  prior: label skew, which rewards personalisation) as its own axis, on sudden drift and no
+  drift (:data:`PRIOR_PATTERNS`); the Gaussian mixture has no class prior to skew.
 
-Every run of a scenario shares :data:`PROTOCOL` (clients, steps, rounds, local work, the scoring
-rule ``score-next-step``); the strategies keep their own algorithms' message schedules (FedDrift's
+Every run of a scenario shares :data:`PROTOCOL` (clients, steps, rounds, one training recipe,
+the scoring rule ``score-next-step``) but the learning rate: each method's is chosen per data
+set from :data:`LR_GRID` on :data:`VALIDATION_SEED`, never scored (:func:`tuning_cells`,
+:func:`tuned_lrs`); the strategies keep their own algorithms' message schedules (FedDrift's
 time steps, FlexCFL's selection, FedCCFA's phases). ``num-clusters`` (the K of IFCA, FedEM, FedRC,
 FedSoft) is the number of concepts the scenario uses. Each row of the leaderboard is a
 :class:`Method`: a strategy with the settings its paper or its docs give it (:data:`METHODS`,
@@ -21,28 +29,53 @@ each with its source), checked before any run starts (:func:`check_methods`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from fedcluster_app.core.config import ConfigValue, suggest
 
 DATASETS = ("mixture", "digits", "phishing", "imagesegments", "bananas", "shuttle")
 SHIFTS = ("label", "feature", "concept", "mix")
 PATTERNS = ("sudden", "incremental", "recurring", "staggered")
+PRIORS = ("uniform", "dirichlet")
+#: the clients' class priors: ``dirichlet-alpha`` of each (inf = the same uniform prior for all)
+PRIOR_ALPHA: dict[str, float] = {"uniform": math.inf, "dirichlet": 1.0}
+#: the drift patterns each prior runs: label skew is an axis of its own, on sudden drift (and
+#: once per data set without drift), so every shift runs with and without it
+PRIOR_PATTERNS: dict[str, tuple[str, ...]] = {"uniform": PATTERNS, "dirichlet": ("sudden",)}
+#: data sets without a class prior to skew (the mixture's points are drawn per concept)
+UNSKEWED = ("mixture",)
+#: (shift, pattern) pairs that repeat another run for run, and what they repeat
+REPEATS = {("concept", "incremental"): "concept/sudden"}
 
-#: one protocol for every run (the scenario's own paper protocol is off: ``protocol = none``)
+#: one protocol and one training recipe for every run (the scenario's own paper protocol is
+#: off: ``protocol = none``); ``lr`` only where the grid is not tuned (``--set lr=...``)
 PROTOCOL: dict[str, ConfigValue] = {
     "protocol": "none",
     "num-clients": 10,
     "num-steps": 6,            # drift from step 3 (the scenarios' drift step)
-    "rounds-per-step": 4,
-    "local-steps": 20,
+    "rounds-per-step": 10,     # enough to converge between drifts (the page's curves show it)
+    "local-steps": 10,
     "batch-size": 50,
-    "lr": 0.01,
+    "optimizer": "sgd",
+    "momentum": 0.9,
+    "weight-decay": 0.0,
+    "lr": 0.03,
     "fraction-train": 1.0,
     "fraction-evaluate": 1.0,
     "eval-every": 1,
     "score-next-step": True,
 }
+#: the scored seeds: the protocol asks for at least five
+SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
+#: the learning rates every method is tuned over, per data set, on the validation seed
+LR_GRID: tuple[float, ...] = (0.01, 0.03, 0.1)
+#: the seed the learning rate is chosen on: never one of the scored seeds
+VALIDATION_SEED = 1000
+#: the scenarios the learning rate is chosen on, per data set (shift, pattern, prior): the mixed
+#: shift covers label, feature and concept drift at once
+TUNING_SCENARIOS: tuple[tuple[str, str, str], ...] = (("mix", "sudden", "uniform"),
+                                                      ("mix", "sudden", "dirichlet"))
 
 
 
@@ -124,8 +157,35 @@ def check_methods(names: list[str], protocol: dict[str, ConfigValue]) -> None:
             raise ValueError(f"bench method {name!r} ({dict(m.settings)}): {ex}") from None
 
 
+@dataclass(frozen=True)
+class Tier:
+    """A matrix of the benchmark: its data sets, shifts, patterns and priors, and what it
+    changes in :data:`PROTOCOL`."""
+
+    description: str
+    datasets: tuple[str, ...] = DATASETS
+    shifts: tuple[str, ...] = SHIFTS
+    patterns: tuple[str, ...] = PATTERNS
+    priors: tuple[str, ...] = PRIORS
+    protocol: tuple[tuple[str, ConfigValue], ...] = ()
+
+
+TIERS: dict[str, Tier] = {
+    "headline": Tier("10 clients, every client trains every round, every data set, shift, "
+                     "pattern and prior"),
+    # the papers run 30 to 5,078 clients with partial participation
+    "scale": Tier("the papers' regime: 100 clients, 20 of them train each round (all are "
+                  "evaluated), on the three data sets with the cheapest models",
+                  datasets=("mixture", "imagesegments", "shuttle"),
+                  shifts=("concept", "mix"), patterns=("sudden", "staggered"),
+                  priors=("uniform",),
+                  protocol=(("num-clients", 100), ("fraction-train", 0.2))),
+}
+
+
 #: the smoke matrix of ``--quick``: 8 short runs, seconds on 2 cores
 QUICK = {"datasets": ("mixture",), "shifts": ("concept", "label"), "patterns": ("sudden",),
+         "priors": ("uniform",),
          "strategies": ("fedavg", "ifca", "feddrift", "oracle"), "seeds": (0,),
          "protocol": {"num-steps": 4, "rounds-per-step": 3, "local-steps": 10}}
 
@@ -135,15 +195,17 @@ _SHIFT_VARIANT = {"label": "prior", "feature": "noise", "concept": "permute", "m
 
 @dataclass(frozen=True)
 class BenchScenario:
-    """One row block of the leaderboard: data x shift x pattern (``none``: no drift)."""
+    """One row block of the leaderboard: data x shift x pattern (``none``: no drift) x the
+    clients' class prior."""
 
     data: str
     shift: str
     pattern: str
+    prior: str = "uniform"
 
     @property
     def key(self) -> str:
-        return f"{self.data}/{self.shift}/{self.pattern}"
+        return f"{self.data}/{self.shift}/{self.pattern}/{self.prior}"
 
     @property
     def scenario(self) -> str:
@@ -151,18 +213,26 @@ class BenchScenario:
         return _SCENARIO.get((self.data, self.shift), f"{self.data}-{_SHIFT_VARIANT[self.shift]}")
 
     def run_config(self) -> dict[str, ConfigValue]:
-        return {"scenario": self.scenario, "drift-pattern": self.pattern}
+        return {"scenario": self.scenario, "drift-pattern": self.pattern,
+                "dirichlet-alpha": PRIOR_ALPHA[self.prior]}
 
 
-def scenarios(datasets=DATASETS, shifts=SHIFTS, patterns=PATTERNS,
+def scenarios(datasets=DATASETS, shifts=SHIFTS, patterns=PATTERNS, priors=PRIORS,
               no_drift: bool = True) -> list[BenchScenario]:
-    """Every (data, shift, pattern), plus one no-drift scenario per data set (its mixed-shift
-    scenario with the pattern ``none``: every client stays on the original concept)."""
+    """Every (data, shift, pattern, prior) the matrix runs: with each prior the patterns
+    :data:`PRIOR_PATTERNS` gives it, plus one no-drift scenario per data set and prior (its
+    mixed-shift scenario with the pattern ``none``: every client stays on the original
+    concept); never a pair of :data:`REPEATS`, never a skewed prior of :data:`UNSKEWED`."""
     out = []
-    for data in datasets:
-        if no_drift:
-            out.append(BenchScenario(data, "mix" if "mix" in SHIFTS else shifts[0], "none"))
-        out += [BenchScenario(data, s, p) for s in shifts for p in patterns]
+    for prior in priors:
+        for data in datasets:
+            if prior != "uniform" and data in UNSKEWED:
+                continue
+            if no_drift:
+                out.append(BenchScenario(data, "mix" if "mix" in SHIFTS else shifts[0], "none",
+                                         prior))
+            out += [BenchScenario(data, s, p, prior) for s in shifts for p in patterns
+                    if p in PRIOR_PATTERNS[prior] and (s, p) not in REPEATS]
     return out
 
 
@@ -178,26 +248,71 @@ def check_names(kind: str, given, valid) -> list[str]:
 
 @dataclass(frozen=True)
 class Cell:
-    """One run of the matrix."""
+    """One run of the matrix: ``lr`` is the method's tuned learning rate (None: the
+    protocol's)."""
 
     scenario: BenchScenario
     strategy: str
     seed: int
     protocol: tuple[tuple[str, ConfigValue], ...] = ()
+    lr: float | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.scenario.key}/{self.strategy}/seed{self.seed}"
+        return f"{self.scenario.key}/{self.strategy}/{self.lr_dir}/seed{self.seed}"
+
+    @property
+    def lr_dir(self) -> str:
+        """The part of the cell's run directory that names its learning rate: a run with
+        another rate is another run."""
+        return f"lr{self.lr if self.lr is not None else dict(self.protocol).get('lr')}"
 
     def config(self) -> dict[str, ConfigValue]:
         """The cell's run config but ``num-clusters`` (which :func:`num_concepts` gives): the
         protocol, the scenario, and the method's strategy with its own settings."""
         m = method(self.strategy)
         return {**dict(self.protocol), **dict(m.settings), **self.scenario.run_config(),
+                **({"lr": self.lr} if self.lr is not None else {}),
                 "strategy": m.strategy, "seed": self.seed, "progress": False}
 
     def run_config(self, num_clusters: int) -> dict[str, ConfigValue]:
         return {**self.config(), "num-clusters": num_clusters}
+
+
+def tuning_cells(datasets, strategies, protocol: tuple[tuple[str, ConfigValue], ...],
+                 grid=LR_GRID, priors=PRIORS) -> list[Cell]:
+    """The runs that choose each method's learning rate per data set: every rate of ``grid`` on
+    the data set's :data:`TUNING_SCENARIOS` with one of ``priors`` (the matrix's) at
+    :data:`VALIDATION_SEED`."""
+    return [Cell(BenchScenario(data, shift, pattern, prior), strategy, VALIDATION_SEED,
+                 protocol, lr)
+            for data in datasets for shift, pattern, prior in TUNING_SCENARIOS
+            if prior in priors and not (prior != "uniform" and data in UNSKEWED)
+            for strategy in strategies for lr in grid]
+
+
+def tuned_lrs(rows: list[dict], score: str = "acc_next") -> dict[tuple[str, str], float]:
+    """(data set, method) -> the learning rate of the grid with the best mean ``score`` over
+    the tuning scenarios (a failed run scores nothing; an equal mean goes to the smaller rate).
+    A method whose every rate failed on a data set has no entry."""
+    by: dict[tuple[str, str, float], list[float]] = {}
+    for r in rows:
+        value = r.get(score) if r.get("status") in ("completed", "degraded") else None
+        by.setdefault((r["data"], r["strategy"], float(r["lr"])), []).append(
+            float(value) if value is not None else -math.inf)
+    best: dict[tuple[str, str], tuple[float, float]] = {}
+    for (data, strategy, lr), values in sorted(by.items()):
+        mean = sum(values) / len(values)
+        if math.isfinite(mean) and ((data, strategy) not in best
+                                    or mean > best[(data, strategy)][0]):
+            best[(data, strategy)] = (mean, lr)
+    return {key: lr for key, (_, lr) in best.items()}
+
+
+def with_tuned_lrs(cells: list[Cell], lrs: dict[tuple[str, str], float]) -> list[Cell]:
+    """The matrix's cells, each with its method's tuned rate on its data set (a method without
+    one keeps the protocol's, and its rows say so by their ``lr``)."""
+    return [replace(c, lr=lrs.get((c.scenario.data, c.strategy))) for c in cells]
 
 
 def bench_scenario(cell: Cell):

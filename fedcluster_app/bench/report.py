@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fedcluster_app.bench import stats as S
-from fedcluster_app.bench.matrix import PATTERNS, SHIFTS, method
+from fedcluster_app.bench.matrix import LR_GRID, PATTERNS, PRIORS, SHIFTS, TUNING_SCENARIOS, VALIDATION_SEED, method
 from fedcluster_app.bench.stats import OK
 from fedcluster_app.core.atomic import atomic_write_bytes
 from fedcluster_app.core.results.plots import new_figure, save_png
@@ -342,10 +342,14 @@ def cannot_run_list(rows: list[dict]) -> list[str]:
 
 
 # ---------------------------------------------------------------------- plots
-def _ordered_scenarios(rows: list[dict], data: str) -> list[tuple[str, str, str]]:
-    found = {(r["shift"], r["pattern"]) for r in rows if r["data"] == data}
-    order = [("mix", "none")] + [(s, p) for s in SHIFTS for p in PATTERNS]
-    return [(data, s, p) for s, p in order if (s, p) in found]
+def _ordered_scenarios(rows: list[dict], data: str) -> list[tuple[str, str, str, str]]:
+    """A data set's scenarios in the page's order: without skew, then with it; each time no
+    drift first, then shift by shift and pattern by pattern."""
+    found = {(r["shift"], r["pattern"], r.get("prior", "dirichlet")) for r in rows
+             if r["data"] == data}
+    order = [(s, p, prior) for prior in PRIORS
+             for s, p in [("mix", "none")] + [(s, p) for s in SHIFTS for p in PATTERNS]]
+    return [(data, *key) for key in order if key in found]
 
 
 #: what a per-round plot draws: (y label, y limits or None, a run's series as {round: value})
@@ -367,10 +371,12 @@ def plot_rounds(rows: list[dict], data: str, strategies: list[str], out: Path,
     fig = new_figure((4.2 * cols, 3.0 * nrows + 0.8))
     colours = _colours(strategies)
     by = group(rows)
-    for i, (d, shift, pattern) in enumerate(cells):
+    for i, (d, shift, pattern, prior) in enumerate(cells):
         ax = fig.add_subplot(nrows, cols, i + 1)
-        key = f"{d}/{shift}/{pattern}"
-        ax.set_title(f"{shift} shift, {pattern}" if pattern != "none" else "no drift", fontsize=9)
+        key = next(r["scenario"] for r in rows if r["data"] == d and r["shift"] == shift
+                   and r["pattern"] == pattern and r.get("prior", "dirichlet") == prior)
+        ax.set_title((f"{shift} shift, {pattern}" if pattern != "none" else "no drift")
+                     + f", {prior} priors", fontsize=9)
         if ylim:
             ax.set_ylim(*ylim)
         ax.grid(True, alpha=0.3)
@@ -644,12 +650,107 @@ def plot_all(rows: list[dict], strategies: list[str], folder: Path,
 
 
 # ---------------------------------------------------------------------- the document
-def _rounds_line(protocol: dict) -> str:
+def _rounds_line(protocol: dict, tuned: bool) -> str:
     steps, rps = int(protocol["num-steps"]), int(protocol["rounds-per-step"])
+    recipe = str(protocol.get("optimizer", "adam"))
+    if recipe == "sgd" and protocol.get("momentum"):
+        recipe += f" with momentum {protocol['momentum']}"
+    lr = ("each method's learning rate tuned per data set (Learning rates)" if tuned
+          else f"learning rate {protocol['lr']} for every method")
     return (f"{protocol['num-clients']} clients, {steps} time steps of {rps} rounds "
-            f"(scored: steps 1-{steps - 1}, the rounds 1-{(steps - 1) * rps}), "
-            f"{protocol['local-steps']} local SGD steps of batch {protocol['batch-size']} at lr "
-            f"{protocol['lr']} per round unless the algorithm has its own local schedule")
+            f"(scored: steps 1-{steps - 1}, the rounds 1-{(steps - 1) * rps}); one training "
+            f"recipe for every method: {protocol['local-steps']} local steps of batch "
+            f"{protocol['batch-size']} per round with {recipe}, {lr} (a method with a local "
+            f"schedule of its own, such as FedCCFA's phases, runs it with these settings)")
+
+
+def learning_rates_table(tuning_rows: list[dict]) -> list[str]:
+    """Each method's learning rate per data set, and its tuning score there."""
+    from fedcluster_app.bench.matrix import tuned_lrs
+
+    if not tuning_rows:
+        return []
+    chosen = tuned_lrs(tuning_rows)
+    datasets = list(dict.fromkeys(r["data"] for r in tuning_rows))
+    strategies = list(dict.fromkeys(r["strategy"] for r in tuning_rows))
+    grid = sorted({float(r["lr"]) for r in tuning_rows})
+    score = {}
+    for r in tuning_rows:
+        if r["status"] in OK and r.get("acc_next") is not None:
+            score.setdefault((r["data"], r["strategy"], float(r["lr"])), []).append(r["acc_next"])
+    table = []
+    for s in strategies:
+        cells = []
+        for d in datasets:
+            lr = chosen.get((d, s))
+            cells.append(f"{lr:g} ({np.mean(score[(d, s, lr)]):.3f})" if lr is not None
+                         else "every rate failed")
+        table.append([s, *cells])
+    where = ", ".join(f"{sh}/{p}/{pr}" for sh, p, pr in TUNING_SCENARIOS)
+    return ["### Learning rates", "",
+            (f"Every method's learning rate is chosen per data set from one grid, "
+             f"{', '.join(f'{g:g}' for g in grid)}, on seed {VALIDATION_SEED}, which is never "
+             f"scored: the rate with the best mean next-step accuracy over the data set's "
+             f"scenarios {where} (the skewed one where the data set has a class prior to skew; "
+             f"an equal mean goes to the smaller rate). Chosen rate (its mean next-step "
+             f"accuracy there); the tuning runs are in `{TUNING_FILE}`."), "",
+            *_table(["method", *datasets], table), ""]
+
+
+TUNING_FILE = "tuning.jsonl"
+#: a target accuracy is this share of the best method's accuracy at the end of the first step
+TARGET_SHARE = 0.9
+#: a step's last rounds, whose gain says whether a method has converged before the next drift
+LAST_ROUNDS = 3
+
+
+def convergence_table(rows: list[dict]) -> list[str]:
+    """Rounds and seconds to a target accuracy in the first step (before any drift), and what
+    the last rounds of a step still gain: is the step long enough to converge?"""
+    ok = [r for r in rows if r["status"] in OK and r.get("series")]
+    if not ok:
+        return []
+    end1: dict[str, dict[str, list[float]]] = {}
+    for r in ok:
+        sr, rps = r["series"], int(r["rounds_per_step"])
+        acc = dict(zip(sr["round"], sr["accuracy_current"]))
+        if rps in acc:
+            end1.setdefault(r["scenario"], {}).setdefault(r["strategy"], []).append(acc[rps])
+    target = {sc: TARGET_SHARE * max(np.mean(v) for v in by.values())
+              for sc, by in end1.items()}
+    per: dict[str, dict[str, list]] = {}
+    for r in ok:
+        sr, rps = r["series"], int(r["rounds_per_step"])
+        out = per.setdefault(r["strategy"], {"rounds": [], "seconds": [], "runs": 0,
+                                             "late_gain": []})
+        acc = dict(zip(sr["round"], sr["accuracy_current"]))
+        times = dict(zip(sr["round"], sr.get("round_time_s") or [None] * len(sr["round"])))
+        out["runs"] += 1
+        hit = next((rnd for rnd in range(1, rps + 1) if rnd in acc
+                    and acc[rnd] >= target.get(r["scenario"], math.inf)), None)
+        if hit is not None:
+            out["rounds"].append(hit)
+            spent = [times.get(rnd) for rnd in range(1, hit + 1)]
+            if all(t is not None for t in spent):
+                out["seconds"].append(sum(spent))
+        last = max(sr["round"]) // rps
+        for t in range(1, last + 1):
+            end, before = t * rps, t * rps - LAST_ROUNDS
+            if end in acc and before in acc:
+                out["late_gain"].append(acc[end] - acc[before])
+    table = [[s, f"{len(v['rounds'])} of {v['runs']}", _plain(v["rounds"], 1),
+              _plain(v["seconds"], 2), _pm(v["late_gain"], 2, 100)]
+             for s, v in per.items()]
+    return ["### Convergence: rounds and time to a target", "",
+            (f"Target: {TARGET_SHARE:.0%} of the best method's mean accuracy at the end of the "
+             f"first step, per scenario. **Reached**: runs that reach it within the first step; "
+             f"**rounds** and **seconds** to it: mean over those runs (seconds: the rounds' own "
+             f"wall time). **Last {LAST_ROUNDS} rounds gain**: accuracy points the last "
+             f"{LAST_ROUNDS} rounds of a step add, mean ± 95% interval over every step of every "
+             f"run: near zero, the step is long enough to converge before the next drift (the "
+             f"accuracy-against-rounds curves under Plots show it)."), "",
+            *_table(["method", "reached", "rounds to target", "seconds to target",
+                     f"last {LAST_ROUNDS} rounds gain (points)"], table), ""]
 
 
 def methods_table(strategies: list[str], rows: list[dict]) -> list[str]:
@@ -674,7 +775,7 @@ def methods_table(strategies: list[str], rows: list[dict]) -> list[str]:
 
 def render(rows: list[dict], strategies: list[str], protocol: dict, command: str,
            plots: list[Path], doc: Path, data_file: Path, run_info: dict,
-           reading: str | None = None) -> str:
+           reading: str | None = None, tuning_rows: list[dict] | None = None) -> str:
     """A leaderboard page's markdown, e.g. ``docs/benchmark/README.md`` (every number from ``rows``)."""
     rows = S.with_event_scores(rows)
     by = group(rows)
@@ -707,8 +808,10 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         "",
         "## Protocol",
         "",
-        (f"- Every run: {_rounds_line(protocol)}; every client trains and is evaluated every "
-        f"round (`fraction-train = {protocol['fraction-train']}`, `eval-every = "
+        *([f"- Matrix: {run_info['tier'].description}."] if run_info.get("tier") else []),
+        (f"- Every run: {_rounds_line(protocol, bool(tuning_rows))}; "
+        f"`fraction-train = {protocol['fraction-train']}` of the clients train each round, every "
+        f"client is evaluated every round (`eval-every = "
         f"{protocol['eval-every']}`); `protocol = \"{protocol['protocol']}\"` (no scenario's "
         f"paper protocol); `num-clusters` (K of IFCA, FedEM, FedRC, FedSoft) = the number of "
         f"concepts the scenario uses. The algorithms keep their own message schedules "
@@ -729,13 +832,21 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         ("- **ARI**: adjusted Rand index of the clusters against the true concepts, mean over the "
         "evaluated rounds (one cluster for everyone scores 0); **clusters**: clusters in use "
         "(clients assigned), mean per round; **MB sent**: bytes up + down per run."),
-        ("- Scenarios: data x shift x drift pattern. Shift: label = `<data>-prior`, feature = "
-        "`<data>-noise`, concept = `<data>-permute` (`mixture-swap`), mix = `<data>-mix` (each "
-        "drifting client one of the three); drifting clients and targets as in `fedcluster list "
-        "scenarios`, from step 3; pattern via `drift-pattern`; no drift = the mix scenario with "
-        "`drift-pattern = none`."),
+        ("- Scenarios: data x shift x drift pattern x class prior. Shift: label = "
+        "`<data>-prior`, feature = `<data>-noise`, concept = `<data>-permute` (`mixture-swap`), "
+        "mix = `<data>-mix` (each drifting client one of the three); drifting clients and "
+        "targets as in `fedcluster list scenarios`, from step 3; pattern via `drift-pattern`; no "
+        "drift = the mix scenario with `drift-pattern = none`. Concept shift has no incremental "
+        "pattern: a label permutation has no intermediate step, so it would repeat the sudden "
+        "one run for run. Prior: **uniform** (`dirichlet-alpha = inf`: every client the same "
+        "class frequencies, so what sets clients apart is the drift) on every shift and "
+        "pattern; **dirichlet** (`dirichlet-alpha = 1`: each client its own class prior, label "
+        "skew that rewards personalisation) as its own axis, on sudden drift and no drift; the "
+        "Gaussian mixture has no class prior to skew."),
         "",
         *methods_table(strategies, rows),
+        *learning_rates_table(tuning_rows or []),
+        *convergence_table(rows),
     ]
     if reading:
         lines += ["## Reading", "", reading.strip(), ""]

@@ -1,6 +1,7 @@
 """Run a bench matrix: each cell once, finished runs skipped, several at a time in a process pool.
 
-Every cell has its own run directory ``<runs-dir>/<data>/<shift>/<pattern>/<strategy>/seed<k>``.
+Every cell has its own run directory
+``<runs-dir>/<data>/<shift>/<pattern>/<prior>/<strategy>/lr<rate>/seed<k>``.
 A cell whose directory holds a finished run (status completed or degraded) is scored from it and
 never run again; a failed run stays failed (its error is the table's reason) unless
 ``retry_failed``; a run stopped before its summary is run again from the start. A strategy that
@@ -9,7 +10,7 @@ with its message and never started.
 
 Rows of an earlier bench (its ``runs.jsonl``) can stand for runs whose directories are gone
 (``reuse``): a finished row counts for a cell without a finished run directory when its
-scenario, strategy, seed and protocol all match, so a committed benchmark grows by its new cells
+scenario, strategy, learning rate, seed and protocol all match, so a committed benchmark grows by its new cells
 only. A run directory, when there is one, always wins.
 """
 
@@ -31,7 +32,7 @@ COMPLETED = ("completed", "degraded")
 
 
 def run_dir(runs_dir: Path, cell: Cell) -> Path:
-    return Path(runs_dir) / cell.scenario.key / cell.strategy / f"seed{cell.seed}"
+    return Path(runs_dir) / cell.scenario.key / cell.strategy / cell.lr_dir / f"seed{cell.seed}"
 
 
 def _run_one(run_config: dict) -> tuple[str, str | None, float]:
@@ -50,7 +51,8 @@ def _run_one(run_config: dict) -> tuple[str, str | None, float]:
 def _row(cell: Cell, status: str, reason: str | None = None, **scores: Any) -> dict[str, Any]:
     sc = cell.scenario
     return {"scenario": sc.key, "data": sc.data, "shift": sc.shift, "pattern": sc.pattern,
-            "catalogue": sc.scenario, "strategy": cell.strategy, "seed": cell.seed,
+            "prior": sc.prior, "catalogue": sc.scenario, "strategy": cell.strategy,
+            "lr": cell.config()["lr"], "seed": cell.seed,
             "protocol": dict(cell.protocol), **_settings(cell), "status": status,
             "reason": reason, **scores}
 
@@ -62,23 +64,23 @@ def _settings(cell: Cell) -> dict[str, Any]:
     return {"settings": settings} if settings else {}
 
 
-def _key(scenario: str | None, strategy: str | None, seed: int, protocol: dict,
+def _key(scenario: str | None, strategy: str | None, lr, seed: int, protocol: dict,
          settings: dict | None = None) -> tuple:
-    return (scenario, strategy, seed, json.dumps(protocol, sort_keys=True),
+    return (scenario, strategy, lr, seed, json.dumps(protocol, sort_keys=True),
             json.dumps(settings or {}, sort_keys=True))
 
 
 def reusable_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[Cell, dict[str, Any]]:
     """The finished rows among ``rows`` that match a cell: same scenario, strategy, seed and
     protocol (a row without its protocol matches nothing: what it was run with is unknown)."""
-    by_key = {_key(r.get("scenario"), r.get("strategy"), r["seed"], r["protocol"],
+    by_key = {_key(r.get("scenario"), r.get("strategy"), r.get("lr"), r["seed"], r["protocol"],
                    r.get("settings")): r
               for r in rows if r.get("status") in COMPLETED
               and isinstance(r.get("protocol"), dict) and isinstance(r.get("seed"), int)}
     out = {}
     for cell in cells:
-        row = by_key.get(_key(cell.scenario.key, cell.strategy, cell.seed, dict(cell.protocol),
-                              _settings(cell).get("settings")))
+        row = by_key.get(_key(cell.scenario.key, cell.strategy, cell.config()["lr"], cell.seed,
+                              dict(cell.protocol), _settings(cell).get("settings")))
         if row is not None:
             out[cell] = row
     return out

@@ -67,6 +67,7 @@ def score_run(summary: dict, records: list[dict], concepts: np.ndarray,
     if not current or not nxt:
         raise ValueError("the run has no accuracy_current / accuracy_next: it ran without "
                          "score-next-step = true")
+    round_times = {int(r["round"]): r.get("round_time_s") for r in scored}
     end_of = {t: t * rounds_per_step for t in range(1, last + 1)}   # a step's last round
 
     events = []
@@ -102,6 +103,8 @@ def score_run(summary: dict, records: list[dict], concepts: np.ndarray,
         "series": {
             "round": sorted(current),
             "accuracy_current": [round(current[r], 5) for r in sorted(current)],
+            # seconds of each of those rounds: time to a target accuracy
+            "round_time_s": [round_times.get(r) for r in sorted(current)],
             "accuracy_next": {str(t + 1): round(a, 5) for t, a in sorted(nxt.items())},
             "clusters": clusters,
             "assignments": [[r.get("assignments", {}).get(str(c))

@@ -70,10 +70,15 @@ def test_matrix_names_are_checked_with_a_suggestion():
     with pytest.raises(ValueError, match=r"unknown shift 'consept'.*did you mean 'concept'"):
         M.check_names("shift", ["consept"], M.SHIFTS)
     scs = M.scenarios(("digits",), ("label", "mix"), ("sudden", "recurring"))
-    assert [s.key for s in scs] == ["digits/mix/none", "digits/label/sudden",
-                                    "digits/label/recurring", "digits/mix/sudden",
-                                    "digits/mix/recurring"]
+    # label skew is an axis of its own: sudden drift and no drift only
+    assert [s.key for s in scs] == [
+        "digits/mix/none/uniform", "digits/label/sudden/uniform", "digits/label/recurring/uniform",
+        "digits/mix/sudden/uniform", "digits/mix/recurring/uniform",
+        "digits/mix/none/dirichlet", "digits/label/sudden/dirichlet",
+        "digits/mix/sudden/dirichlet"]
     assert scs[1].scenario == "digits-prior"
+    assert scs[1].run_config()["dirichlet-alpha"] == float("inf")
+    assert scs[-1].run_config()["dirichlet-alpha"] == 1.0
     assert M.BenchScenario("mixture", "concept", "sudden").scenario == "mixture-swap"
 
 
@@ -94,7 +99,8 @@ def tiny_bench(tmp_path_factory):
     argv = ["bench", "--datasets", "mixture", "--shifts", "concept", "--patterns", "sudden",
             "--strategies", "fedavg", "oracle", "feddrift", "--seeds", "0",
             "--runs-dir", str(root / "runs"), "--report", str(root / "doc" / "bench.md"),
-            "--set", "num-steps=4", "--set", "rounds-per-step=2", "--set", "local-steps=5"]
+            "--set", "num-steps=4", "--set", "rounds-per-step=2", "--set", "local-steps=5",
+            "--lr-grid", "0.003", "0.1"]
     assert main(argv) == 0
     return root, argv
 
@@ -103,17 +109,17 @@ def test_bench_writes_the_leaderboard_data_and_plots(tiny_bench):
     root, _ = tiny_bench
     rows = R.read_rows(root / "doc" / "bench" / "runs.jsonl")
     assert {(r["scenario"], r["strategy"]) for r in rows} == {
-        (sc, s) for sc in ("mixture/mix/none", "mixture/concept/sudden")
+        (sc, s) for sc in ("mixture/mix/none/uniform", "mixture/concept/sudden/uniform")
         for s in ("fedavg", "oracle", "feddrift")}
     assert all(r["status"] == "completed" for r in rows), rows
-    drifted = {r["strategy"]: r for r in rows if r["scenario"] == "mixture/concept/sudden"}
+    drifted = {r["strategy"]: r for r in rows if r["scenario"] == "mixture/concept/sudden/uniform"}
     assert [e["step"] for e in drifted["fedavg"]["drift_events"]] == [3]
     # the Oracle knows the concepts: its clusters are the truth, FedAvg's one cluster is not
     assert drifted["oracle"]["ari"] > drifted["fedavg"]["ari"]
-    assert all(r["drift_events"] == [] for r in rows if r["scenario"] == "mixture/mix/none")
+    assert all(r["drift_events"] == [] for r in rows if r["scenario"] == "mixture/mix/none/uniform")
     doc = (root / "doc" / "bench.md").read_text()
     assert "fedcluster bench --datasets mixture" in doc
-    assert "## Leaderboard" in doc and "### mixture/concept/sudden" in doc
+    assert "## Leaderboard" in doc and "### mixture/concept/sudden/uniform" in doc
     # the Oracle is a reference beside the ranking: two strategies are ranked, too few for
     # Friedman, enough for the pairwise test
     board = doc.split("## Leaderboard", 1)[1].split("## References", 1)[0]
@@ -122,7 +128,8 @@ def test_bench_writes_the_leaderboard_data_and_plots(tiny_bench):
     assert "the Friedman test needs at least 3 ranked strategies" in doc
     assert "0 of 1 pairs separated" in doc     # 2 scenarios: Wilcoxon p >= 0.5
     for png in ("accuracy-mixture.png", "clusters-mixture.png", "bytes.png",
-                "assignments-mixture-concept-sudden.png", "confusion-mixture-concept-sudden.png"):
+                "assignments-mixture-concept-sudden-uniform.png",
+                "confusion-mixture-concept-sudden-uniform.png"):
         assert (root / "doc" / "bench" / png).stat().st_size > 0, png
         assert f"bench/{png}" in doc
 
@@ -131,11 +138,16 @@ def test_bench_reuses_finished_runs(tiny_bench, capsys):
     from fedcluster_app.cli import main
 
     root, argv = tiny_bench
-    summary = root / "runs" / "mixture" / "concept" / "sudden" / "oracle" / "seed0" / "summary.json"
+    row = next(r for r in R.read_rows(root / "doc" / "bench" / "runs.jsonl")
+               if r["strategy"] == "oracle" and r["scenario"] == "mixture/concept/sudden/uniform")
+    summary = (root / "runs" / "mixture" / "concept" / "sudden" / "uniform" / "oracle"
+               / f"lr{row['lr']}" / "seed0" / "summary.json")
     before = summary.read_text()
     first = (root / "doc" / "bench" / "runs.jsonl").read_text()
     assert main(argv) == 0
-    assert "6 finished before" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "bench: 6 runs: 6 finished before" in out     # the tuning runs
+    assert "bench: 6 runs: 6 finished before" in out.split("tuning", 1)[1].split("\n", 2)[2]
     assert summary.read_text() == before
     assert (root / "doc" / "bench" / "runs.jsonl").read_text() == first
 
@@ -151,7 +163,9 @@ def test_rows_of_an_earlier_bench_stand_for_runs_whose_directories_are_gone(tiny
     argv2[argv2.index("--runs-dir") + 1] = str(out / "runs")
     argv2[argv2.index("--report") + 1] = str(out / "bench.md")
     assert main(argv2) == 0
-    assert "0 finished before, 6 from earlier rows, 0 cannot run, 0 to run" in capsys.readouterr().out
+    log = capsys.readouterr().out
+    # the tuning rows beside the page's count as well: nothing runs again
+    assert log.count("0 finished before, 6 from earlier rows, 0 cannot run, 0 to run") == 2
     assert not (out / "runs").exists()
     assert R.read_rows(out / "bench" / "runs.jsonl") == first
 
@@ -163,8 +177,10 @@ def test_an_earlier_row_counts_only_for_its_own_protocol():
     protocol = tuple(sorted(M.PROTOCOL.items()))
     cell = M.Cell(sc, "fedavg", 0, protocol)
     row = {"scenario": sc.key, "strategy": "fedavg", "seed": 0, "status": "completed",
-           "protocol": dict(protocol)}
+           "protocol": dict(protocol), "lr": M.PROTOCOL["lr"]}
     assert reusable_rows([row], [cell]) == {cell: row}
+    # a run at another learning rate is another run
+    assert reusable_rows([row], [M.Cell(sc, "fedavg", 0, protocol, lr=0.1)]) == {}
     longer = M.Cell(sc, "fedavg", 0, tuple(sorted({**M.PROTOCOL, "rounds-per-step": 6}.items())))
     assert reusable_rows([row], [longer]) == {}
     assert reusable_rows([{**row, "seed": 1}], [cell]) == {}
@@ -269,7 +285,8 @@ def test_bench_writes_under_the_runs_directory_unless_a_report_is_named(tmp_path
     page = tmp_path / "runs" / "bench" / "benchmark.md"
     assert "fedcluster bench --datasets mixture" in page.read_text()
     rows = R.read_rows(tmp_path / "runs" / "bench" / "benchmark" / "runs.jsonl")
-    assert [(r["scenario"], r["status"]) for r in rows] == [("mixture/label/sudden", "completed")]
+    assert [(r["scenario"], r["status"]) for r in rows] == [
+        ("mixture/label/sudden/uniform", "completed")]
     assert (tmp_path / "runs" / "bench" / "benchmark" / "bytes.png").stat().st_size > 0
     assert "## Reading" not in page.read_text()   # the hand-written reading is docs/'s own
 
@@ -361,7 +378,8 @@ def test_each_method_runs_with_its_own_settings_and_a_bad_entry_is_refused_befor
 
     cell = M.Cell(sc, "fedccfa", 0, protocol)
     row = _row(cell, "completed", acc_next=0.5)
-    assert row["settings"] == {"fedccfa.eps": 0.05, "fedccfa.align-start": 4}
+    assert row["settings"] == {"fedccfa.eps": 0.05,
+                               "fedccfa.align-start": M.PROTOCOL["rounds-per-step"]}
     assert reusable_rows([row], [cell]) == {cell: row}
     old = {k: v for k, v in row.items() if k != "settings"}   # run before the table
     assert reusable_rows([old], [cell]) == {}
@@ -398,3 +416,78 @@ def test_a_row_states_the_recipe_and_the_steps_each_method_actually_took(fast_co
     assert per_client_round["fedavg"] == 5.0                  # 5 local steps, every client
     assert per_client_round["flexcfl"] > 5.0                  # + its group cold start
     assert per_client_round["fedccfa"] > 5.0                  # + classifier phases
+
+
+def test_the_learning_rate_is_tuned_per_data_set_on_a_seed_never_scored():
+    """Every method's rate is the grid's best mean next-step accuracy over the tuning scenarios
+    of its data set, on the validation seed; a failed run scores nothing, an equal mean goes
+    to the smaller rate, a method whose every rate failed keeps the protocol's."""
+    cells = M.tuning_cells(("mixture", "digits"), ("fedavg",), (), (0.01, 0.1))
+    assert {c.seed for c in cells} == {M.VALIDATION_SEED}
+    # the mixture has no class prior to skew: it tunes on its uniform scenario only
+    assert sorted((c.scenario.key, c.lr) for c in cells) == sorted(
+        [("mixture/mix/sudden/uniform", 0.01), ("mixture/mix/sudden/uniform", 0.1),
+         ("digits/mix/sudden/uniform", 0.01), ("digits/mix/sudden/uniform", 0.1),
+         ("digits/mix/sudden/dirichlet", 0.01), ("digits/mix/sudden/dirichlet", 0.1)])
+    assert all(c.scenario.prior == "uniform"
+               for c in M.tuning_cells(("digits",), ("fedavg",), (), (0.1,), ("uniform",)))
+
+    def row(data, strategy, lr, acc, status="completed"):
+        return {"data": data, "strategy": strategy, "lr": lr, "acc_next": acc, "status": status}
+
+    rows = [row("digits", "fedavg", 0.01, 0.6), row("digits", "fedavg", 0.01, 0.8),   # 0.7
+            row("digits", "fedavg", 0.1, 0.9), row("digits", "fedavg", 0.1, None, "failed"),
+            row("digits", "ifca", 0.01, 0.5), row("digits", "ifca", 0.1, 0.5),        # equal
+            row("mixture", "fedavg", 0.01, None, "failed")]
+    lrs = M.tuned_lrs(rows)
+    assert lrs == {("digits", "fedavg"): 0.01, ("digits", "ifca"): 0.01}
+    sc = M.BenchScenario("digits", "label", "sudden")
+    tuned = M.with_tuned_lrs([M.Cell(sc, "fedavg", 0, (("lr", 0.03),)),
+                              M.Cell(M.BenchScenario("mixture", "label", "sudden"), "fedavg", 0,
+                                     (("lr", 0.03),))], lrs)
+    assert [c.config()["lr"] for c in tuned] == [0.01, 0.03]
+    assert tuned[0].name == "digits/label/sudden/uniform/fedavg/lr0.01/seed0"
+
+
+def test_no_scored_seed_is_the_validation_seed_and_a_fixed_rate_is_not_tuned(tmp_path, capsys):
+    from fedcluster_app.cli import main
+
+    runs = ["--runs-dir", str(tmp_path / "r")]
+    assert main(["bench", "--seeds", "0", str(M.VALIDATION_SEED), *runs]) == 2
+    assert "validation seed" in capsys.readouterr().err
+    assert main(["bench", "--set", "lr=0.05", "--lr-grid", "0.01", "0.1", *runs]) == 2
+    assert "--lr-grid tunes the learning rate, which --set lr fixes" in capsys.readouterr().err
+    assert main(["bench", "--tier", "scal", *runs]) == 2
+    assert "did you mean 'scale'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_matrix_leaves_out_what_repeats_another_scenario_and_a_skew_it_cannot_have():
+    keys = {s.key for s in M.scenarios()}
+    assert not any(k.startswith(("mixture/", "digits/")) and "/concept/incremental/" in k
+                   for k in keys)
+    assert not any(k.startswith("mixture/") and k.endswith("/dirichlet") for k in keys)
+    assert "digits/feature/sudden/dirichlet" in keys
+    assert "digits/feature/staggered/dirichlet" not in keys        # skew: sudden and none only
+    scale = M.TIERS["scale"]
+    assert dict(scale.protocol) == {"num-clients": 100, "fraction-train": 0.2}
+
+
+def test_tune_only_chooses_the_rates_and_runs_no_scored_seed(tmp_path, capsys):
+    from fedcluster_app.cli import main
+
+    assert main(["bench", "--tune-only", "--datasets", "mixture", "--strategies", "fedavg",
+                 "--lr-grid", "0.001", "0.1", "--runs-dir", str(tmp_path / "r"),
+                 "--report", str(tmp_path / "page" / "README.md"),
+                 "--set", "num-steps=3", "--set", "rounds-per-step=2",
+                 "--set", "local-steps=5"]) == 0
+    out = capsys.readouterr().out
+    rows = R.read_rows(tmp_path / "page" / "tuning.jsonl")
+    assert sorted(r["lr"] for r in rows) == [0.001, 0.1]
+    assert {r["seed"] for r in rows} == {M.VALIDATION_SEED}
+    # SGD with momentum at 0.001 for 4 rounds barely moves: the larger rate is chosen
+    assert M.tuned_lrs(rows) == {("mixture", "fedavg"): 0.1}
+    assert "| fedavg | 0.1 (" in out
+    assert not (tmp_path / "page" / "runs.jsonl").exists()
+    assert sorted(p.name for p in (tmp_path / "r" / "mixture" / "mix" / "sudden" / "uniform"
+                                   / "fedavg").iterdir()) == ["lr0.001", "lr0.1"]
