@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from fedcluster_app.bench import stats as S
-from fedcluster_app.bench.matrix import LR_GRID, PATTERNS, PRIORS, SHIFTS, TUNING_SCENARIOS, VALIDATION_SEED, method
+from fedcluster_app.bench.matrix import (
+    PATTERNS,
+    PRIORS,
+    SHIFTS,
+    TUNING_SCENARIOS,
+    VALIDATION_SEED,
+    method,
+)
 from fedcluster_app.bench.stats import OK
 from fedcluster_app.core.atomic import atomic_write_bytes
 from fedcluster_app.core.results.plots import new_figure, save_png
@@ -657,10 +664,11 @@ def _rounds_line(protocol: dict, tuned: bool) -> str:
         recipe += f" with momentum {protocol['momentum']}"
     lr = ("each method's learning rate tuned per data set (Learning rates)" if tuned
           else f"learning rate {protocol['lr']} for every method")
+    model = f"the {protocol['model'].upper()}, " if protocol.get("model") else ""
     return (f"{protocol['num-clients']} clients, {steps} time steps of {rps} rounds "
-            f"(scored: steps 1-{steps - 1}, the rounds 1-{(steps - 1) * rps}); one training "
-            f"recipe for every method: {protocol['local-steps']} local steps of batch "
-            f"{protocol['batch-size']} per round with {recipe}, {lr} (a method with a local "
+            f"(scored: steps 1-{steps - 1}, the rounds 1-{(steps - 1) * rps}); one model and "
+            f"training recipe for every method: {model}{protocol['local-steps']} local steps "
+            f"of batch {protocol['batch-size']} per round with {recipe}, {lr} (a method with a local "
             f"schedule of its own, such as FedCCFA's phases, runs it with these settings)")
 
 

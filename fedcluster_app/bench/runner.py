@@ -10,8 +10,8 @@ with its message and never started.
 
 Rows of an earlier bench (its ``runs.jsonl``) can stand for runs whose directories are gone
 (``reuse``): a finished row counts for a cell without a finished run directory when its
-scenario, strategy, learning rate, seed and protocol all match, so a committed benchmark grows by its new cells
-only. A run directory, when there is one, always wins.
+scenario, strategy, learning rate, seed and protocol all match, so a committed benchmark grows
+by its new cells only. A run directory, when there is one, always wins.
 """
 
 from __future__ import annotations
