@@ -19,7 +19,16 @@ has a next step (FedDrift's time-step protocol never trains on the last step). F
   (``None``: not within step t);
 * ``ari``: the mean adjusted Rand index of the clustering against the true concepts over the
   evaluated rounds; ``clusters``: the mean number of clusters in use per round;
-* bytes up and down and wall time come from the run's summary.
+* bytes up and down and wall time come from the run's summary;
+* ``acc_global_current`` / ``acc_global_next``: the **global** accuracy beside the personalised
+  ``acc_current`` / ``acc_next`` (each client's own test split, drawn with its own class prior):
+  where the run logs a global measure of its family's own, that one (:data:`OWN_GLOBAL`:
+  FedCCFA's generalised accuracy, the held-out clients of FedRC's scenarios), else the
+  class-balanced test sample of each client's concept (run-config ``balanced-test``:
+  ``balanced_accuracy_current`` / ``balanced_accuracy_next``); means over the same scored rounds
+  / steps, None where the run logged none. ``global_measures`` names the metrics.jsonl key each
+  comes from. The family measures score the current step only, so the next-step one is always
+  the balanced sample's.
 
 A **return** is a drift into a step where every client that changes goes back to a concept it
 held before (the ``recurring`` pattern's step 5). The next-step rule rewards not adapting there:
@@ -42,6 +51,11 @@ from fedcluster_app.core.data.scenarios import concept_changes
 #: accuracy within this of the pre-drift accuracy counts as recovered
 RECOVERY_TOLERANCE = 0.02
 
+#: the global measures a family or a scenario defines itself (metrics.jsonl keys of the current
+#: step), preferred in this order to the class-balanced sample's
+OWN_GLOBAL = ("generalized_accuracy", "global_accuracy")
+BALANCED_CURRENT, BALANCED_NEXT = "balanced_accuracy_current", "balanced_accuracy_next"
+
 
 def _mean(values) -> float | None:
     vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
@@ -52,6 +66,27 @@ def drift_steps(concepts: np.ndarray) -> list[int]:
     """The steps t >= 2 at which some client's concept differs from step t-1 (``concepts``:
     steps x clients, step 1 in row 0)."""
     return sorted({t for t, *_ in concept_changes(concepts)})
+
+
+def global_scores(scored: list[dict]) -> dict[str, Any]:
+    """The global accuracy of the scored rounds (module docstring): ``acc_global_current``,
+    ``acc_global_next``, ``global_measures`` and the series the report may draw."""
+    def logged(key: str) -> bool:
+        return any(r.get(key) is not None for r in scored)
+
+    current = next((k for k in (*OWN_GLOBAL, BALANCED_CURRENT) if logged(k)), None)
+    nxt = BALANCED_NEXT if logged(BALANCED_NEXT) else None
+    by_round = ({int(r["round"]): float(r[current]) for r in scored if r.get(current) is not None}
+                if current else {})
+    by_step = ({int(r["next_step"]): float(r[nxt]) for r in scored if r.get(nxt) is not None}
+               if nxt else {})
+    return {
+        "acc_global_current": _mean(by_round.values()),
+        "acc_global_next": _mean(by_step.values()),
+        "global_measures": {"current": current, "next": nxt},
+        "series": {"global_current": {str(rnd): round(a, 5) for rnd, a in sorted(by_round.items())},
+                   "global_next": {str(t): round(a, 5) for t, a in sorted(by_step.items())}},
+    }
 
 
 def score_run(summary: dict, records: list[dict], concepts: np.ndarray,
@@ -85,9 +120,13 @@ def score_run(summary: dict, records: list[dict], concepts: np.ndarray,
         events.append(event)
     recovered = [e["recovered"] for e in events if e["recovered"] is not None]
     clusters = [int(r["num_clusters"]) for r in scored if r.get("num_clusters") is not None]
+    glob = global_scores(scored)
     return {
         "acc_current": _mean(current.values()),
         "acc_next": _mean(nxt.values()),
+        "acc_global_current": glob["acc_global_current"],
+        "acc_global_next": glob["acc_global_next"],
+        "global_measures": glob["global_measures"],
         "acc_final": current.get(end_of[last]),
         "drop": _mean(e["drop"] for e in events),
         "recover_rounds": _mean(recovered),
@@ -111,6 +150,7 @@ def score_run(summary: dict, records: list[dict], concepts: np.ndarray,
                              for c in range(concepts.shape[1])] for r in scored],
             "concept_cluster_mass": next((r["concept_cluster_mass"] for r in reversed(scored)
                                           if r.get("concept_cluster_mass")), None),
+            **glob["series"],
         },
     }
 

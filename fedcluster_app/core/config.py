@@ -307,6 +307,11 @@ class FederationSettings(HParams):
                                   "accuracy_next (end of step t: the same models on step t+1's "
                                   "test split, before they adapt); the last round of each step "
                                   "is then always evaluated")
+    balanced_test: bool = param(False, "true (with score-next-step) = the same models are also "
+                                "scored on a class-balanced test set of each client's concept "
+                                "(every class equally often, its label map and input shift): "
+                                "balanced_accuracy_current / balanced_accuracy_next, the global "
+                                "accuracy beside the personalised one; class-based scenarios")
     num_clusters: int = param(2, "K for ifca", ge=1, le=MAX_CLUSTERS)
     min_nodes: int = param(0, "wait for this many nodes; 0 = the scenario's number of clients",
                            ge=0, le=MAX_CLIENTS)
@@ -320,6 +325,11 @@ class FederationSettings(HParams):
                                   "id owns it for the run, also after a resume; another node "
                                   "claiming it is refused, and personal state goes only to its "
                                   "owner")
+
+    def check(self) -> None:
+        if self.balanced_test and not self.score_next_step:
+            raise ConfigError("balanced-test = true scores the models of the common scoring "
+                              "rule and would be ignored without it: set score-next-step = true")
 
 
 @dataclass(frozen=True)
@@ -399,7 +409,7 @@ class RunConfig(ResultSettings, DefenceSettings, FederationSettings, ModelSettin
     raw: dict[str, ConfigValue] = field(default_factory=dict, compare=False)
 
     def check(self) -> None:
-        for group in (DataSettings, ModelSettings, ResultSettings):
+        for group in (DataSettings, ModelSettings, FederationSettings, ResultSettings):
             group.check(self)
         # products of sizes given here, before the scenario builds arrays of them (the rest,
         # with the scenario's own sizes, once it exists: experiment.py)

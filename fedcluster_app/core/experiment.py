@@ -10,8 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from fedcluster_app.core.data.schedules import schedule_digest
-from fedcluster_app.core.config import (ConfigValue, RunConfig, default_run_config,
-                                        parse_run_config)
+from fedcluster_app.core.config import (ConfigError, ConfigValue, RunConfig,
+                                        default_run_config, parse_run_config)
 from fedcluster_app.core.data import Scenario, build_scenario
 from fedcluster_app.core.data.catalogue import METADATA_ONLY, scenario_protocol
 from fedcluster_app.core.limits import check_run
@@ -110,4 +110,8 @@ def _load(items: tuple[tuple[str, ConfigValue], ...], server: bool) -> Experimen
     if spec.custom:
         check_model(spec)   # a user's model: import, output shape and weights, before round 1
     check_run(cfg, scenario, parameter_count(spec))   # sizes and their products, before round 1
+    if cfg.balanced_test and scenario.has_balanced_test() is False:
+        raise ConfigError(f"balanced-test = true needs a class-based scenario (a class pool or a "
+                          f"mixture); {scenario.name} draws its data from decision rules, so it "
+                          f"has no class-balanced test set: set balanced-test = false")
     return Experiment(cfg, scenario, spec, tuple(sorted(applied.items())))

@@ -43,6 +43,8 @@ DATA_STEPS = "data-steps"      # train/losses on these time steps' training data
                                # window; "data-steps.<model id>" sets it for one model
 TEST_STEP = "test-step"        # evaluate on this step's data (e.g. FedDrift: the next step)
 TEST_SPLIT = "test-split"      # evaluate on that step's "test" split (default) or "train" batch
+BALANCED_TEST = "balanced-test"  # evaluate on the test split: also score the class-balanced
+                                 # test sample of that step (reply: balanced-accuracy)
 MODEL_ID = "model-id"          # the model a job trains (a NumPyClient-style fit of one model)
 
 # The run's shared training settings (``config.TrainConfig``) reach every client through the run
@@ -61,6 +63,7 @@ CHOSEN = "chosen-model"
 LOSSES = "losses"
 ACCURACIES = "accuracies"
 ACCURACY = "accuracy"
+BALANCED_ACCURACY = "balanced-accuracy"   # on the class-balanced test sample (balanced-test)
 LOSS = "loss"
 MODEL_IDS = "model-ids"
 HISTOGRAM = "histogram"
@@ -75,7 +78,7 @@ PERSONAL_MODEL_ID = -1         # id under which a client's personal model is rep
 REPLY_METRICS: dict[str, str] = {
     CLIENT_ID: "int", CONCEPT: "int", STEP: "int", ROUND: "int", NUM_EXAMPLES: "int",
     CHOSEN: "int", GRADIENT_STEPS: "int",
-    TRAIN_LOSS: "scalar", ACCURACY: "unit", LOSS: "scalar",
+    TRAIN_LOSS: "scalar", ACCURACY: "unit", BALANCED_ACCURACY: "unit", LOSS: "scalar",
     LOSSES: "list", ACCURACIES: "unit-list", MODEL_IDS: "int-list", HISTOGRAM: "int-list",
 }
 _METRIC_KINDS = ("scalar", "int", "unit", "list", "int-list", "unit-list")

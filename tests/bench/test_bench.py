@@ -60,6 +60,29 @@ def test_score_run_counts_a_drift_not_recovered_within_its_step():
     assert s["not_recovered"] == 1 and s["recover_rounds"] is None
 
 
+def test_the_global_accuracy_is_the_familys_own_measure_else_the_balanced_sample():
+    concepts = np.array([[0], [0], [1]])
+    rows = _records({r: .9 for r in range(1, 7)}, {1: .8, 2: .3}, 2, 3)
+    assert score_run({}, rows, concepts, 2)["acc_global_current"] is None   # none logged
+    for r in rows:
+        r["balanced_accuracy_current"] = r["round"] / 10
+        if "next_step" in r:
+            r["balanced_accuracy_next"] = r["round"] / 100
+    s = score_run({}, rows, concepts, 2)
+    assert s["acc_global_current"] == pytest.approx(np.mean([.1, .2, .3, .4]))   # steps 1, 2
+    assert s["acc_global_next"] == pytest.approx(np.mean([.02, .04]))
+    assert s["global_measures"] == {"current": "balanced_accuracy_current",
+                                    "next": "balanced_accuracy_next"}
+    assert s["series"]["global_next"] == {"2": .02, "3": .04}
+    # FedCCFA's generalised accuracy (of the current step only) wins where it is logged
+    for r in rows:
+        r["generalized_accuracy"] = .5 if r["round"] % 2 else None
+    s = score_run({}, rows, concepts, 2)
+    assert s["acc_global_current"] == pytest.approx(.5)
+    assert s["global_measures"] == {"current": "generalized_accuracy",
+                                    "next": "balanced_accuracy_next"}
+
+
 def test_score_run_needs_the_common_scoring_rule():
     rows = [{"round": 1, "time_step": 1, "accuracy": .9}]
     with pytest.raises(ValueError, match="score-next-step"):
@@ -222,6 +245,23 @@ def test_the_process_pool_runs_every_cell(tmp_path):
     # a second call finds them finished and runs nothing
     again, ran = run_matrix(cells, tmp_path, workers=2, log=logs.append)
     assert ran == 0 and again == rows
+
+
+def test_a_row_reports_the_global_accuracy_beside_the_personalised_one(tmp_path):
+    from fedcluster_app.bench.runner import run_matrix
+
+    protocol = tuple(sorted({**M.PROTOCOL, "num-steps": 3, "rounds-per-step": 1,
+                             "local-steps": 2, "balanced-test": True}.items()))
+    sc = M.BenchScenario("digits", "label", "sudden")
+    cells = [M.Cell(sc, s, 0, protocol) for s in ("fedavg", "fedccfa")]
+    rows, _ = run_matrix(cells, tmp_path, workers=1, log=lambda line: None)
+    fedavg, fedccfa = rows
+    for row in rows:
+        assert row["status"] == "completed"
+        assert 0 <= row["acc_global_current"] <= 1 and 0 <= row["acc_global_next"] <= 1
+        assert row["global_measures"]["next"] == "balanced_accuracy_next"
+    assert fedavg["global_measures"]["current"] == "balanced_accuracy_current"
+    assert fedccfa["global_measures"]["current"] == "generalized_accuracy"
 
 
 def test_a_strategy_that_refuses_a_scenario_is_listed_with_its_reason(tmp_path):

@@ -94,7 +94,10 @@ def runs() -> list[tuple[str, dict]]:
 # fields added to metrics.jsonl after the recording (compared only when the golden has them)
 ADDED = {"gradient_steps", "bounded_updates", "reason", "models_allocated", "assignments", "models_allocated_final",
          "train_loss", "assignments_final", "resolved_config", "data_fingerprint", "versions",
-         "git", "round_protocol", "accuracy_rule"}
+         "git", "round_protocol", "accuracy_rule",
+         # balanced-test = true only (off in every golden run)
+         "balanced_accuracy_current", "client_balanced_accuracy_current",
+         "balanced_accuracy_next", "client_balanced_accuracy_next"}
 
 
 def strip(obj):

@@ -112,6 +112,14 @@ class StreamClient(NumPyClient):
             return self.steps_data([step])
         return self.test_data(step)
 
+    def balanced_data(self, config: dict) -> tuple[np.ndarray, np.ndarray] | None:
+        """The class-balanced test sample of the step :meth:`eval_data` tests on, where the
+        server asks for it (``balanced-test``, on the test split), else None."""
+        if not config.get(P.BALANCED_TEST) or config.get(P.TEST_SPLIT, "test") != "test":
+            return None
+        step = int(config.get(P.TEST_STEP, config[P.STEP]))
+        return self.exp.scenario.balanced_test(self.client_id, step)
+
     def concept(self, step: int) -> int:
         return int(self.exp.scenario.concept(self.client_id, step))
 
@@ -185,8 +193,12 @@ class StreamClient(NumPyClient):
 
     def evaluate(self, parameters, config):
         x, y = self.eval_data(config)
-        loss, acc = evaluate(self.scratch(parameters), x, y)
-        return loss, len(y), {P.ACCURACY: acc}
+        model = self.scratch(parameters)
+        loss, acc = evaluate(model, x, y)
+        metrics = {P.ACCURACY: acc}
+        if (balanced := self.balanced_data(config)) is not None:
+            metrics[P.BALANCED_ACCURACY] = evaluate(model, *balanced)[1]
+        return loss, len(y), metrics
 
     # -- extra calls the clustered strategies need ------------------------------------------
     def evaluate_mixture(self, models: list[list[np.ndarray]], weights: list[float], config):
@@ -196,7 +208,10 @@ class StreamClient(NumPyClient):
         x, y = self.eval_data(config)
         nets = [self.fresh_model(0, w) for w in models]
         loss, acc = evaluate_mixture(nets, weights, x, y)
-        return loss, len(y), {P.ACCURACY: acc}
+        metrics = {P.ACCURACY: acc}
+        if (balanced := self.balanced_data(config)) is not None:
+            metrics[P.BALANCED_ACCURACY] = evaluate_mixture(nets, weights, *balanced)[1]
+        return loss, len(y), metrics
 
     def losses(self, models: list[list[np.ndarray]], config: dict) -> tuple[list[float], list[float]]:
         """Loss and accuracy of every model on the training window (or ``data-steps``)."""

@@ -45,6 +45,7 @@ __all__ = [
     "ImageSource",
     "MixtureSource",
     "TabularRealisation",
+    "balanced_labels",
     "client_prior",
     "cyclic_permutation",
     "fedccfa_group",
@@ -127,6 +128,16 @@ def largest_remainder(p: np.ndarray, n: int) -> np.ndarray:
         for j in order[:rest]:
             counts[j] += 1
     return counts
+
+
+def balanced_labels(present: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The ``present`` classes (a mask over all classes) ``ceil(n / present classes)`` times
+    each, in random order: a class-balanced sample of at least ``n`` labels."""
+    classes = np.flatnonzero(present)
+    if len(classes) == 0:
+        raise ValueError("the test pool holds no class at all")
+    per = max(1, -(-int(n) // len(classes)))
+    return rng.permutation(np.repeat(classes, per)).astype(np.int64)
 
 
 def client_prior(num_classes: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
@@ -286,6 +297,16 @@ class ClassRealisation:
         idx = idx[rng.permutation(len(idx))]
         c = self.concepts[concept]
         return self.transform(concept, pool.get(idx, c.angle), pool.labels[idx], rng)
+
+    def balanced_sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """A class-balanced test sample of ``concept`` as ``client`` sees it: every class of
+        the test pool ``ceil(n / classes)`` times (whatever the client's or the concept's class
+        prior), inputs drawn with replacement from the test pool, then the concept's rotation,
+        noise and label map: the global accuracy beside the personalised one (a label map
+        permutes the classes, so the reported labels are balanced too)."""
+        return self.realise(concept, balanced_labels(self.source.present(False), n, rng), rng,
+                            train=False)
 
     def draw_labels(self, concept: int, n: int, rng: np.random.Generator, *, client: int,
                     train: bool) -> np.ndarray:

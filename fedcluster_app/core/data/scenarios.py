@@ -5,7 +5,10 @@ concept ``concept(k, t)`` and regenerates that (client, step)'s data on demand. 
 the training sample of (k, t) is drawn from ``np.random.default_rng([data_seed, k, t, 0])`` and
 the test sample from ``np.random.default_rng([data_seed, k, t, 1])`` (per-client constants such
 as the class prior use ``[data_seed, k, 0, 2]``), so any process rebuilds identical data from the
-scenario arguments alone. Train and test of a step follow the same concept.
+scenario arguments alone. Train and test of a step follow the same concept. Class-based
+scenarios also give a class-balanced test sample of (k, t) (``Scenario.balanced_test``, from
+``[data_seed, k, t, 3]``): the same concept with every class equally often, the global accuracy
+beside the personalised one of the client's own test split.
 
 Scenario families and what the drift patterns mean for each
 ------------------------------------------------------------
@@ -170,6 +173,7 @@ __all__ = [
 TAG_TRAIN = 0
 TAG_TEST = 1
 TAG_PRIOR = 2  # per-client constants use step 0
+TAG_BALANCED = 3  # the class-balanced test sample of (client, step): Scenario.balanced_test
 
 #: Valid ``drift_pattern`` values ("" = the scenario's own schedule).
 DRIFT_PATTERNS = ("none", "sudden", "incremental", "recurring", "staggered")
@@ -526,6 +530,8 @@ class Scenario:
         self._realisation: object | None = None
         self._lock = threading.Lock()
         self._cache = _BoundedCache(_nbytes)            # (client, step) -> StepData
+        # (client, step) -> its class-balanced test sample (balanced_test)
+        self._balanced_cache = _BoundedCache(lambda xy: xy[0].nbytes + xy[1].nbytes)
         # (client, steps) -> their training data concatenated (train_steps)
         self._steps_cache = _BoundedCache(lambda xy: xy[0].nbytes + xy[1].nbytes)
 
@@ -648,6 +654,44 @@ class Scenario:
         data = self._generate(client, step)
         with self._lock:
             self._cache.put(key, data, self._cache_entries(), self.STEP_CACHE_BYTES)
+        return data
+
+    def has_balanced_test(self) -> bool | None:
+        """Whether :meth:`balanced_test` can draw for this scenario's data (a class-based
+        realisation: a mixture, a class pool); None where this process cannot tell without
+        loading large files it has not loaded, or where the data live on the devices."""
+        if self._realisation is None and self._large_files:
+            return None
+        try:
+            real = self.realisation
+        except RuntimeError:     # the server of a deployment: the data live on the devices
+            return None
+        return hasattr(real, "balanced_sample")
+
+    def balanced_test(self, client: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """A class-balanced test sample of ``client`` at ``step``: its concept there (the same
+        label map, rotation and noise as its own test split) with every class of the test pool
+        equally often, at least ``test_samples`` of them, whatever the client's class prior
+        (``ClassRealisation.balanced_sample``). Its own stream (``[data_seed, client, step,
+        TAG_BALANCED]``), so no other draw changes; cached like ``step_data``, read-only."""
+        client, step = self._check(client, step)
+        key = (client, step)
+        with self._lock:
+            hit = self._balanced_cache.get(key)
+        if hit is not None:
+            return hit
+        sample = getattr(self.realisation, "balanced_sample", None)
+        if sample is None:
+            raise ValueError(f"scenario {self.name} has no class-balanced test set: its data "
+                             f"are drawn from decision rules, not classes (a class pool or a "
+                             f"mixture has one)")
+        rng = np.random.default_rng([self.data_seed, client, step, TAG_BALANCED])
+        x, y = sample(int(self._matrix[step - 1, client]), self.test_samples, rng, client=client)
+        data = (np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(y, dtype=np.int64))
+        for a in data:
+            a.setflags(write=False)
+        with self._lock:
+            self._balanced_cache.put(key, data, self._cache_entries(), self.STEP_CACHE_BYTES)
         return data
 
     def _cache_entries(self) -> int:

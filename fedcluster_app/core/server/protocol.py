@@ -215,6 +215,8 @@ class Protocol:
                 tasks[cid] = task
         # for the next step's score: the same tasks, sent again
         kept = {c: copy_task(t) for c, t in tasks.items()} if self.scores_next_step else {}
+        if self.scores_next_step:
+            self.ask_balanced(tasks)
         replies = s.exchange(grid, P.EVALUATE, tasks)
         accs = {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
         out: dict[str, Any] = {
@@ -225,7 +227,7 @@ class Protocol:
         if len(accs) <= 200:
             out["client_accuracy"] = {str(c): round(a, 5) for c, a in accs.items()}
         if self.scores_next_step:
-            out.update(score_keys("current", out["accuracy"], accs))
+            out.update(Scores.of(replies).keys("current"))
             out.update(self.score_next(grid, step, kept))
         if s.holdouts:
             out.update(self.evaluate_holdouts(grid))
@@ -261,33 +263,45 @@ class Protocol:
     def in_scoring_only(self) -> bool:
         return self._scoring_only > 0
 
+    def ask_balanced(self, tasks: dict[int, Task]) -> None:
+        """With ``balanced-test``: the clients also score the class-balanced test sample of the
+        step they are scored on (``balanced-accuracy`` in their replies)."""
+        if self.s.cfg.balanced_test:
+            for task in tasks.values():
+                task.config[P.BALANCED_TEST] = True
+
     def score(self, grid: Grid, tasks: dict[int, Task], test_step: int, *,
               split: str = "test", kind: str = P.EVALUATE,
-              counted: bool = False) -> tuple[float | None, dict[int, float]]:
+              counted: bool = False) -> Scores:
         """Score every client's task (the model it is scored with, as its protocol sends it) on
         the ``split`` ("test": the held-out split, "train": the training batch) of step
-        ``test_step``: (the mean over the clients that answered, client -> accuracy). The
-        tasks are sent as ``kind`` messages (a family's evaluate handler, an ensemble's); every
-        handler reads its data through ``StreamClient.eval_data``, which honours ``test-step``
-        and ``test-split``, so a personalised model kept on the client is scored the same way.
-        ``counted=False``: an exchange only the scoring rule makes (:meth:`scoring_only`)."""
+        ``test_step``: every answering client's accuracy (and on the test split, with
+        ``balanced-test``, its accuracy on the class-balanced sample). The tasks are sent as
+        ``kind`` messages (a family's evaluate handler, an ensemble's); every handler reads its
+        data through ``StreamClient.eval_data`` (and ``balanced_data``), which honour
+        ``test-step`` and ``test-split``, so a personalised model kept on the client is scored
+        the same way. ``counted=False``: an exchange only the scoring rule makes
+        (:meth:`scoring_only`)."""
         for task in tasks.values():
             task.config[P.TEST_STEP] = int(test_step)
             task.config[P.TEST_SPLIT] = split
+        if split == "test":
+            self.ask_balanced(tasks)
         with contextlib.nullcontext() if counted else self.scoring_only():
             replies = self.s.exchange(grid, kind, tasks)
-        replies = [r for r in replies if P.ACCURACY in r.metrics]
-        return mean_accuracy(replies), {r.cid: float(r.metrics[P.ACCURACY]) for r in replies}
+        return Scores.of(replies)
 
     def score_next(self, grid: Grid, step: int, tasks: dict[int, Task],
                    kind: str = P.EVALUATE) -> dict[str, Any]:
         """At the last round of step ``step`` (if a step follows): ``accuracy_next``,
         ``client_accuracy_next`` and ``next_step`` of ``tasks`` (the models the clients hold
-        now) on step + 1's held-out test split; {} on any other round."""
+        now) on step + 1's held-out test split (with ``balanced-test`` also
+        ``balanced_accuracy_next``: on step + 1's class-balanced sample); {} on any other
+        round."""
         if not (self.ends_step(self.s.round) and step < self.s.exp.scenario.num_steps):
             return {}
-        mean, accs = self.score(grid, tasks, step + 1, kind=kind)
-        return {**score_keys("next", mean, accs), "next_step": step + 1}
+        return {**self.score(grid, tasks, step + 1, kind=kind).keys("next"),
+                "next_step": step + 1}
 
     def evaluate_holdouts(self, grid: Grid) -> dict[str, Any]:
         s = self.s
@@ -319,12 +333,47 @@ def copy_task(task: Task) -> Task:
                                train_ids=None if task.train_ids is None else list(task.train_ids))
 
 
-def score_keys(which: str, mean: float | None, accs: dict[int, float]) -> dict[str, Any]:
-    """``accuracy_<which>`` and (for at most 200 clients) ``client_accuracy_<which>``."""
-    out: dict[str, Any] = {f"accuracy_{which}": mean}
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """What one scoring exchange gave: client -> accuracy, and client -> accuracy on the
+    class-balanced test sample for the clients that report one (``balanced-test``)."""
+
+    accs: dict[int, float]
+    balanced: dict[int, float]
+
+    @classmethod
+    def of(cls, replies: list[Reply]) -> Scores:
+        scored = [r for r in replies if P.ACCURACY in r.metrics]
+        return cls({r.cid: float(r.metrics[P.ACCURACY]) for r in scored},
+                   {r.cid: float(r.metrics[P.BALANCED_ACCURACY]) for r in scored
+                    if P.BALANCED_ACCURACY in r.metrics})
+
+    @property
+    def mean(self) -> float | None:
+        """The mean over the clients that answered (each counts once)."""
+        return float(np.mean(list(self.accs.values()))) if self.accs else None
+
+    def keys(self, which: str) -> dict[str, Any]:
+        """``accuracy_<which>`` and (for at most 200 clients) ``client_accuracy_<which>``; where
+        clients reported a balanced accuracy, ``balanced_accuracy_<which>`` and
+        ``client_balanced_accuracy_<which>`` too."""
+        out = score_keys(which, self.mean, self.accs)
+        if self.balanced:
+            out.update(score_keys(which, float(np.mean(list(self.balanced.values()))),
+                                  self.balanced, prefix="balanced_"))
+        return out
+
+
+def score_keys(which: str, mean: float | None, accs: dict[int, float],
+               prefix: str = "") -> dict[str, Any]:
+    """``<prefix>accuracy_<which>`` and (for at most 200 clients)
+    ``client_<prefix>accuracy_<which>``."""
+    out: dict[str, Any] = {f"{prefix}accuracy_{which}": mean}
     if len(accs) <= 200:
-        out[f"client_accuracy_{which}"] = {str(c): round(a, 5) for c, a in sorted(accs.items())}
+        out[f"client_{prefix}accuracy_{which}"] = {str(c): round(a, 5)
+                                                   for c, a in sorted(accs.items())}
     return out
+
 
 
 def adjusted_rand(truth: list[int], labels: list[int | None]) -> float:

@@ -355,7 +355,8 @@ class RoundRunner:
             if r.get("accuracy") is not None or r.get("accuracy_current") is not None:
                 out.evaluate_metrics_clientapp[rnd] = numbers(
                     r, ("accuracy", "weighted_accuracy", "global_accuracy", "ari", "acc_omit",
-                        "accuracy_current", "accuracy_next", "next_step"))
+                        "accuracy_current", "accuracy_next", "next_step",
+                        "balanced_accuracy_current", "balanced_accuracy_next"))
             if r.get("server_evaluation"):
                 out.evaluate_metrics_serverapp[rnd] = MetricRecord(
                     {f"model{mid}.{k}": v for mid, m in r["server_evaluation"].items()

@@ -19,7 +19,9 @@ Message kinds:
   paper's personalised accuracy; another step's with ``test-step``, e.g. the next one under
   ``score-next-step``, the fine-tuning of FedBABU still on the current step) and
   ``gen-accuracy`` (the entire test pool relabelled with the client's current concept: the
-  paper's generalised accuracy; only when scored on the current step's test split).
+  paper's generalised accuracy; only when scored on the current step's test split), and with
+  ``balanced-test`` ``balanced-accuracy``: the same model on the class-balanced test sample of
+  the step it is scored on (``StreamClient.balanced_data``).
 
 Persistent memory lives in ``context.state`` only (it survives between rounds, also when the
 client is not sampled, in simulation and deployment): the personal classifier, the anchor set,
@@ -397,6 +399,8 @@ def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarr
     x, y = client.eval_data(config)   # the current step's test split, or test-step / test-split
     loss, acc = _accuracy(model, x, y)
     metrics: dict[str, Any] = {P.LOSS: loss, P.NUM_EXAMPLES: int(len(y)), P.ACCURACY: acc}
+    if (balanced := client.balanced_data(config)) is not None:   # the same personalised model
+        metrics[P.BALANCED_ACCURACY] = _accuracy(model, *balanced)[1]
     scored_now = (int(config.get(P.TEST_STEP, step)) == step
                   and config.get(P.TEST_SPLIT, "test") == "test")
     gen = general_test_set(client.exp.scenario, client.concept(step)) if scored_now else None

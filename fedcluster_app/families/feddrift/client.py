@@ -186,16 +186,22 @@ def ensemble(client: StreamClient, config: dict, models: Models):
     weights = [float(w) for w in config[ENS_WEIGHTS]]
     if len(weights) != len(ids):
         raise ValueError(f"{len(weights)} ensemble weights for {len(ids)} models")
+
+    def vote_accuracy(x: np.ndarray, y: np.ndarray) -> float:
+        score = np.zeros((len(y), client.exp.scenario.num_classes))
+        for i, w in zip(ids, weights):
+            proba = model_proba(client, models[i], masked(x, config, i), config)
+            if config[ENS_VOTE] == "hard":   # the server always says which vote
+                score[np.arange(len(y)), proba.argmax(axis=1)] += w
+            else:
+                score += w * proba
+        return float((score.argmax(axis=1) == y).mean()) if len(y) else float("nan")
+
     x, y = client.eval_data(config)
-    score = np.zeros((len(y), client.exp.scenario.num_classes))
-    for i, w in zip(ids, weights):
-        proba = model_proba(client, models[i], masked(x, config, i), config)
-        if config[ENS_VOTE] == "hard":   # the server always says which vote
-            score[np.arange(len(y)), proba.argmax(axis=1)] += w
-        else:
-            score += w * proba
-    acc = float((score.argmax(axis=1) == y).mean()) if len(y) else float("nan")
-    return {P.ACCURACY: acc, P.NUM_EXAMPLES: len(y)}, {}, {}
+    metrics = {P.ACCURACY: vote_accuracy(x, y), P.NUM_EXAMPLES: len(y)}
+    if (balanced := client.balanced_data(config)) is not None:
+        metrics[P.BALANCED_ACCURACY] = vote_accuracy(*balanced)
+    return metrics, {}, {}
 
 
 def distance(client: StreamClient, config: dict, models: Models):

@@ -56,7 +56,7 @@ from flwr.serverapp import Grid
 from fedcluster_app.core import wire as P
 from fedcluster_app.core.config import ConfigError
 from fedcluster_app.core.server.messages import Reply, Task
-from fedcluster_app.core.server.protocol import Protocol, adjusted_rand, copy_task, score_keys
+from fedcluster_app.core.server.protocol import Protocol, adjusted_rand, copy_task
 from fedcluster_app.core.server.strategy import ClusteredStrategy
 from fedcluster_app.families.feddrift.wire import ERROR_RATES, PROBE_KIND, SELECT_BY, TRAIN_KIND
 
@@ -282,7 +282,7 @@ class TimeStepProtocol(Protocol):
         kind, tasks = self.step_tasks(tau)
         for task in tasks.values():
             task.config[P.STEP] = tau + 1
-        return self.score(grid, tasks, tau + 1, split="train", kind=kind, counted=True)[1]
+        return self.score(grid, tasks, tau + 1, split="train", kind=kind, counted=True).accs
 
     def evaluate(self, grid: Grid, step: int) -> dict[str, Any]:
         rec: dict[str, Any] = {"accuracy": None}
@@ -303,7 +303,7 @@ class TimeStepProtocol(Protocol):
         """The common rule's keys (module docstring) with the tasks of :meth:`step_tasks`."""
         kind, tasks = self.step_tasks(step)
         kept = {c: copy_task(t) for c, t in tasks.items()}
-        return {**score_keys("current", *self.score(grid, tasks, step, kind=kind)),
+        return {**self.score(grid, tasks, step, kind=kind).keys("current"),
                 **self.score_next(grid, step, kept, kind=kind)}
 
     def step_metrics(self, tau: int, accs: dict[int, float]) -> dict[str, Any]:

@@ -102,6 +102,7 @@ import numpy as np
 from fedcluster_app.core.data.drift import (
     ClassConcept,
     ClassRealisation,
+    balanced_labels,
     client_prior,
     cyclic_permutation,
 )
@@ -375,6 +376,19 @@ class FedRCRealisation(ClassRealisation):
             y_true = rng.permutation(np.repeat(np.arange(self.num_classes, dtype=np.int64), per))
         else:
             y_true = self.draw_labels(concept, n, rng, client=client, train=train)
+        return self._realise_for(client, concept, y_true, rng, train=train)
+
+    def balanced_sample(self, concept: int, n: int, rng: np.random.Generator, *, client: int
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """Every class equally often, from the client's own test inputs and with its feature
+        shift (the base's class-balanced sample, on this scenario's per-client inputs)."""
+        y_true = balanced_labels(self.source.present(False), n, rng)
+        return self._realise_for(client, concept, y_true, rng, train=False)
+
+    def _realise_for(self, client: int, concept: int, y_true: np.ndarray,
+                     rng: np.random.Generator, *, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs of the true classes from the client's share, its feature shift, the label map."""
+        sh = self.client_shifts[client]
         x = self.source.draw(client, y_true, rng, train=train,  # type: ignore[call-arg]
                              holdout=sh.holdout)
         if sh.corrupted:
