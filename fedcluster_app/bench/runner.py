@@ -31,6 +31,38 @@ from fedcluster_app.bench.scores import score_run
 COMPLETED = ("completed", "degraded")
 
 
+class RunsDirMismatch(ValueError):
+    """A runs directory holds a finished run of a cell with another run config."""
+
+
+def _check_same_run(cell: Cell, config: dict, summary: dict, out: Path) -> None:
+    """A finished run directory stands for its cell only when it ran the cell's run config:
+    a runs directory of an earlier protocol is refused, never silently scored as this one's."""
+    from fedcluster_app.core.results.files import to_json
+
+    ran = summary.get("config") or {}
+    config = to_json(config)    # as the summary holds it (a non-finite number is null there)
+    differ = sorted(k for k, v in config.items()
+                    if k not in ("out-dir", "overwrite", "progress") and k in ran
+                    and not _same_value(ran[k], v))
+    differ += sorted(k for k in config if k not in ran and k not in ("out-dir", "overwrite",
+                                                                     "progress"))
+    if differ:
+        shown = ", ".join(f"{k} = {ran.get(k, '(unset)')!r} there, {config[k]!r} here"
+                          for k in differ[:4])
+        raise RunsDirMismatch(
+            f"{out} holds a finished run of {cell.name} with another run config ({shown}"
+            f"{', ...' if len(differ) > 4 else ''}): give this protocol a runs directory of "
+            f"its own (--runs-dir), or move that one away")
+
+
+def _same_value(a, b) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return a == b
+
+
 def run_dir(runs_dir: Path, cell: Cell) -> Path:
     return Path(runs_dir) / cell.scenario.key / cell.strategy / cell.lr_dir / f"seed{cell.seed}"
 
@@ -161,8 +193,11 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
     earlier = reusable_rows(reuse or [], cells)
     for cell in cells:
         out = run_dir(runs_dir, cell)
-        status = (read_summary(out) or {}).get("status")
+        summary = read_summary(out) or {}
+        status = summary.get("status")
         if status in COMPLETED or (status == "failed" and not retry_failed):
+            if status in COMPLETED:
+                _check_same_run(cell, cell.run_config(num_concepts(cell)), summary, out)
             continue
         if cell in earlier:
             rows[cell] = earlier[cell]

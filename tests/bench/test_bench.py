@@ -531,3 +531,17 @@ def test_tune_only_chooses_the_rates_and_runs_no_scored_seed(tmp_path, capsys):
     assert not (tmp_path / "page" / "runs.jsonl").exists()
     assert sorted(p.name for p in (tmp_path / "r" / "mixture" / "mix" / "sudden" / "uniform"
                                    / "fedavg").iterdir()) == ["lr0.001", "lr0.1"]
+
+
+def test_a_runs_directory_of_another_protocol_is_refused_not_scored(tiny_bench, capsys):
+    """A finished run directory stands for its cell only with the cell's own run config: the
+    runs directory of an earlier protocol is refused before anything runs or is rewritten."""
+    from fedcluster_app.cli import main
+
+    root, argv = tiny_bench
+    before = sorted(p.stat().st_mtime_ns for p in (root / "runs").rglob("summary.json"))
+    argv2 = [a if a != "local-steps=5" else "local-steps=6" for a in argv]
+    assert main(argv2) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished run of" in err and "local-steps = 5 there, 6 here" in err
+    assert sorted(p.stat().st_mtime_ns for p in (root / "runs").rglob("summary.json")) == before
