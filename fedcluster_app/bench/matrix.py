@@ -65,6 +65,7 @@ PROTOCOL: dict[str, ConfigValue] = {
     "fraction-evaluate": 1.0,
     "eval-every": 1,
     "score-next-step": True,
+    "balanced-test": True,     # the global accuracy: a class-balanced test set per client
 }
 #: the scored seeds: the protocol asks for at least five
 SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)

@@ -85,7 +85,8 @@ def rankings(rows: list[dict]) -> dict[str, S.Ranking] | str:
     """Score label -> the ranking on it (:data:`~fedcluster_app.bench.stats.SCORES`), or why
     the rows cannot be ranked."""
     try:
-        return {label: S.ranking(rows, key) for label, key in S.SCORES.items()}
+        return {label: S.ranking(rows, key) for label, key in S.SCORES.items()
+                if label not in S.OPTIONAL_SCORES or any(r.get(key) is not None for r in rows)}
     except ValueError as ex:
         return str(ex)
 
@@ -128,13 +129,18 @@ def leaderboard(rows: list[dict]) -> list[str]:
         return [f"Not ranked: {rs}."]
     sums = {label: S.summary(r) for label, r in rs.items()}
     nxt, cur = sums["next step"], sums["current step"]
+    glob = sums.get("global, next step")
     table = [[s, f"{nxt.at[s, 'avg_rank']:.2f}", f"{nxt.at[s, 'gap']:.2f}",
               _ci(nxt.at[s, "mean"], nxt.at[s, "half"]), f"{cur.at[s, 'avg_rank']:.2f}",
               f"{cur.at[s, 'gap']:.2f}", _ci(cur.at[s, "mean"], cur.at[s, "half"]),
+              *([f"{glob.at[s, 'avg_rank']:.2f}", _ci(glob.at[s, "mean"], glob.at[s, "half"])]
+                if glob is not None else []),
               str(nxt.at[s, "top"])] for s in nxt.index]
     return _table(["strategy", "avg rank, next step", "gap to best, next (points)",
                    "acc next step", "avg rank, current step", "gap to best, current (points)",
-                   "acc current step", "first (next)"], table)
+                   "acc current step",
+                   *(["avg rank, global next step", "acc global next step"]
+                     if glob is not None else []), "first (next)"], table)
 
 
 def references_table(rows: list[dict]) -> list[str]:
@@ -146,14 +152,14 @@ def references_table(rows: list[dict]) -> list[str]:
     table = []
     for ref in refs["next step"].index:
         cells = [ref]
-        for label in S.SCORES:
+        for label in refs:
             t = refs[label]
             cells += [_ci(t.at[ref, "mean"], t.at[ref, "half"]), f"{t.at[ref, 'gap']:.2f}",
                       f"{t.at[ref, 'above']} / {t.at[ref, 'blocks']}"]
         table.append(cells)
-    return _table(["reference", "acc next step", "gap to best ranked, next (points)",
-                   "above every ranked (next)", "acc current step",
-                   "gap to best ranked, current (points)", "above every ranked (current)"], table)
+    return _table(["reference", *(h for label in refs for h in (
+        f"acc {label}", f"gap to best ranked, {label} (points)",
+        f"above every ranked ({label})"))], table)
 
 
 def friedman_table(rs: dict[str, S.Ranking]) -> list[str]:
@@ -316,7 +322,7 @@ def scenario_table(scenario_rows: dict[str, list[dict]], strategies: list[str],
             continue
         why = _status_cell(rs)
         if why:
-            table.append((math.inf, [s, why] + [""] * (11 + len(extra))))
+            table.append((math.inf, [s, why] + [""] * (13 + len(extra))))
             continue
         ok = [r for r in rs if r["status"] in OK]
         mb = [(r["bytes_up"] or 0) + (r["bytes_down"] or 0) for r in ok]
@@ -326,14 +332,17 @@ def scenario_table(scenario_rows: dict[str, list[dict]], strategies: list[str],
         mean = _finite(r.get(S.HEADLINE) for r in ok)
         table.append((-np.mean(mean) if mean else math.inf, [
             s, _pm(r.get(S.HEADLINE) for r in ok), *(_pm(r.get(k) for r in ok) for _, k in extra),
-            _pm(r["acc_current"] for r in ok), _pm(r["acc_final"] for r in ok),
+            _pm(r["acc_current"] for r in ok),
+            _pm(r.get("acc_global_next") for r in ok), _pm(r.get("acc_global_current") for r in ok),
+            _pm(r["acc_final"] for r in ok),
             _pm((r["drop"] for r in ok), 3), _plain((r["recover_rounds"] for r in ok), 1),
             str(sum(r["not_recovered"] for r in ok)), _plain((r["ari"] for r in ok), 2),
             _plain((r["clusters"] for r in ok), 1), _plain(mb, 1, 1e-6),
             _plain((r["wall_time_s"] for r in ok), 1), rank, seeds]))
     table.sort(key=lambda row: row[0])
     return _table(["strategy", "acc next step", *(f"acc {label}" for label, _ in extra),
-                   "acc current step", "acc end of T", "drop at drift", "rounds to recover",
+                   "acc current step", "global acc next step", "global acc current step",
+                   "acc end of T", "drop at drift", "rounds to recover",
                    "not recovered", "ARI", "clusters", "MB sent", "s/run", "rank", "seeds"],
                   [row for _, row in table])
 
@@ -832,6 +841,13 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         "the last step, and each of them has a next step. The ranked next-step score leaves "
         "out the steps where an old concept returns (the `recurring` pattern), which are scored "
         "as their own event (section Recurring drift)."),
+        ("- **Global** accuracy, beside the personalised one above (each client's own test "
+        "split, with its own class prior): the same models on a class-balanced test set of the "
+        "client's current concept (`balanced-test = true`), next step and current step; for "
+        "the current step a family's own global measure where it has one (FedCCFA's "
+        "generalised accuracy, FedRC's held-out clients; a row's `global_measures` names it). "
+        "Under label skew the personalised score rewards fitting the client's prior, the "
+        "global one does not."),
         ("- Drift: **drop** = current-step minus next-step accuracy at the end of the step before "
         "a drift (what the drift takes before a method can react); **rounds to recover** = "
         "rounds into the drifted step until the current-step accuracy is back within 0.02 of "

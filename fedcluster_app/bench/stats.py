@@ -55,9 +55,14 @@ OK = ("completed", "degraded")
 REFERENCES = ("oracle", "local")
 ALPHA = 0.05
 CONFIDENCE = 0.95
-#: the scores the page ranks: label -> row key
-SCORES = {"next step": "acc_next_no_return", "current step": "acc_current"}
+#: the scores the page ranks: label -> row key (the personalised ones: each client's own test
+#: split; then the global one, where the rows have it: a class-balanced test set of the
+#: client's concept, or the family's own global measure)
+SCORES = {"next step": "acc_next_no_return", "current step": "acc_current",
+          "global, next step": "acc_global_next"}
 HEADLINE = SCORES["next step"]
+#: ranked only where some row has it (rows of runs without ``balanced-test`` have no global score)
+OPTIONAL_SCORES = ("global, next step",)
 #: the scores of the return of an old concept (label -> row key), and the one ranked
 RETURN_SCORES = {"at the return, before adapting": "acc_at_return",
                  "after the return's first round": "acc_return_first_round"}

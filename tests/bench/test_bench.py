@@ -148,6 +148,11 @@ def test_bench_writes_the_leaderboard_data_and_plots(tiny_bench):
     board = doc.split("## Leaderboard", 1)[1].split("## References", 1)[0]
     assert "| fedavg |" in board and "| feddrift |" in board and "oracle" not in board
     assert "| oracle |" in doc.split("## References", 1)[1].split("## Statistics", 1)[0]
+    # the global accuracy (a class-balanced test set) beside the personalised one
+    assert all(0 <= r["acc_global_next"] <= 1 for r in rows)
+    assert "acc global next step" in board and "**Global, next step**" in doc
+    assert "### Convergence: rounds and time to a target" in doc
+    assert "### Learning rates" in doc and "| fedavg | 0.1 (" in doc
     assert "the Friedman test needs at least 3 ranked strategies" in doc
     assert "0 of 1 pairs separated" in doc     # 2 scenarios: Wilcoxon p >= 0.5
     for png in ("accuracy-mixture.png", "clusters-mixture.png", "bytes.png",
