@@ -192,7 +192,7 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if args.tier == TIER_PAPERS:
         from fedcluster_app.bench import papers
 
-        return papers.run(args, argv)
+        return papers.run(args, report_folder(args.report), argv)
     plan = plan_of(args)
     folder = report_folder(args.report)
     if args.dry_run:

@@ -570,10 +570,10 @@ def estimate(p: Plan) -> list[str]:
     return lines
 
 
-def run(args, argv: list[str] | None = None) -> int:
-    """``fedcluster bench --tier papers``: run what is missing, write the page and its rows."""
+def run(args, folder: Path, argv: list[str] | None = None) -> int:
+    """``fedcluster bench --tier papers``: run what is missing, write the page (``args.report``)
+    and its rows (``folder``/runs.jsonl)."""
     from fedcluster_app.bench import report as R
-    from fedcluster_app.bench.command import report_folder
     from fedcluster_app.bench.runner import run_dir, run_matrix
     from fedcluster_app.core.atomic import atomic_write_bytes
     from fedcluster_app.core.config import parse_assignment
@@ -599,7 +599,6 @@ def run(args, argv: list[str] | None = None) -> int:
     rows, ran = run_matrix(p.cells, args.runs_dir.resolve(), workers=args.workers,
                            retry_failed=args.retry_failed, log=log,
                            ray_address=args.ray_address, score=score, row=row)
-    folder = report_folder(args.report)
     data_file = folder / "runs.jsonl"
     R.write_rows(rows, data_file)
     info = {"compute_min": sum(float(r.get("wall_time_s") or 0) for r in rows) / 60.0,
