@@ -139,7 +139,8 @@ class Reference:
 class Paper:
     """One paper's protocol: its preset, its metrics (the first is the headline), the numbers
     beside ours, what it asks of every method (``protocol``) and of the methods outside its
-    family (``baselines``) beyond the preset, and what a fedavg run of seed 0 measured here."""
+    family (``baselines``) beyond the preset, and what one fedavg run of seed 0 on the full
+    preset cost here (``measured_cpu_s``: its process's CPU seconds; ``measured``: in words)."""
 
     title: str
     preset: str
@@ -148,6 +149,7 @@ class Paper:
     references: tuple[Reference, ...] = ()
     protocol: tuple[tuple[str, ConfigValue], ...] = ()
     baselines: tuple[tuple[str, ConfigValue], ...] = ()
+    measured_cpu_s: float | None = None
     measured: str = ""
     notes: tuple[str, ...] = field(default=())
     percent: bool = False    # our numbers in % on the page, as the numbers quoted beside them
@@ -173,7 +175,7 @@ PAPERS: dict[str, Paper] = {
                    (("fedavg", "0.837"), ("fielding", "0.909"))),
          Reference("this project's reproduction, final 56-60", "the same table",
                    "last5_accuracy", (("fedavg", "0.838"), ("fielding", "0.901")))),
-        measured="fedavg seed 0: 21 s wall (7.5 s CPU) under load 8 on 2 cores"),
+        measured_cpu_s=7.5, measured="21 s of run time, 7.5 s of CPU, at load 8 on 2 cores"),
     "feddrift": Paper(
         "FedDrift (CIRCLE-2, the paper's Table 2)", "feddrift-circle2",
         "`circle2`: 10 clients, 10 training steps and a test step of 500 samples, R = 100 "
@@ -197,7 +199,8 @@ PAPERS: dict[str, Paper] = {
                    "acc_omit", (("feddrift", "97.97 ± 0.05"), ("cfl", "88.85 ± 0.28")))),
         protocol=(("score-next-step", True),),
         percent=True,
-        measured="fedavg seed 0 (see the cost note of docs/benchmark/README.md)",
+        measured_cpu_s=106.0,
+        measured="689 s of run time, 106 s of CPU, at load 12 on 2 cores (1,100 rounds of 50 local steps)",
         notes=("The paper's Oracle (97.84 ± 0.22) is `oracle-t`, FedDrift's time-step oracle, "
                "not the benchmark's round-based `oracle`; its Oblivious (88.38 ± 0.17) trains on "
                "all history, not the benchmark's `fedavg` on the current step: neither is quoted "
@@ -221,7 +224,8 @@ PAPERS: dict[str, Paper] = {
                    "max_weighted_accuracy", (("fedavg", "63.4"), ("flexcfl", "85.0"))),),
         baselines=(("fraction-train", 0.2),),
         percent=True,
-        measured="fedavg seed 0 (see the cost note of docs/benchmark/README.md)"),
+        measured_cpu_s=None,
+        measured="FLEXCFL_TEXT"),
     "fedrc": Paper(
         "FedRC (feature, label and concept shift at once)", "fedrc-shifts3",
         "`shifts-3`: 30 clients with Dirichlet(0.1) label skew, feature shift on some, three "
@@ -246,7 +250,8 @@ PAPERS: dict[str, Paper] = {
                    (("fedavg", "0.461 ± 0.003"), ("ifca", "0.653 ± 0.008"),
                     ("fedem", "0.688 ± 0.011"), ("fedrc", "0.769 ± 0.060"),
                     ("oracle", "0.846 ± 0.016")))),
-        measured="fedavg seed 0 (see the cost note of docs/benchmark/README.md)"),
+        measured_cpu_s=10.1,
+        measured="34 s of run time, 10.1 s of CPU, at load 8 on 2 cores"),
     "fedccfa": Paper(
         "FedCCFA (digits, sudden label swaps)", "fedccfa-digits",
         "`digits-ccfa`: 10 clients with Dirichlet(0.5) priors, 12 steps of 5 rounds, label "
@@ -273,7 +278,8 @@ PAPERS: dict[str, Paper] = {
                    "final_accuracy",
                    (("fedccfa", "94.6"), ("fedavg", "73.0"), ("fedrep", "94.8")))),
         percent=True,
-        measured="fedavg seed 0 (see the cost note of docs/benchmark/README.md)"),
+        measured_cpu_s=8.3,
+        measured="22 s of run time, 8.3 s of CPU, at load 8 on 2 cores"),
 }
 
 
@@ -560,13 +566,23 @@ def refuse_matrix_options(args) -> None:
                          f"{TIER} does not run (each paper's protocol is its preset)")
 
 
-def estimate(p: Plan) -> list[str]:
-    """What the plan will cost, from the measured fedavg run of each paper (method costs
-    differ: the note says how they were measured)."""
-    lines = []
+def estimate(p: Plan, can_run: dict[tuple[str, str], bool]) -> list[str]:
+    """What the plan will cost: per paper its runs (those a strategy refuses left out) times the
+    CPU seconds one fedavg run of seed 0 took on the full preset here. A lower bound for the
+    methods that train several models a round (IFCA, FedEM, FedRC, FedSoft: up to K times),
+    an upper one for FedDrift's family, whose clients are batched; ``--set`` shortening a
+    protocol shortens the runs too, which this does not count."""
+    lines, total = [], 0.0
     for name in p.papers:
-        n = sum(1 for c in p.cells if c.paper == name)
-        lines.append(f"papers: {name}: {n} runs; measured here: {PAPERS[name].measured}")
+        n = sum(1 for c in p.cells if c.paper == name and can_run[(c.paper, c.strategy)])
+        entry = PAPERS[name]
+        minutes = n * (entry.measured_cpu_s or 0.0) / 60.0
+        total += minutes
+        lines.append(f"papers: {name}: {n} runs; one fedavg run took {entry.measured}: about "
+                     f"{minutes:.0f} min of CPU at that rate")
+    lines.append(f"papers: about {total:.0f} min of CPU in all ({total / 120:.1f} h of wall "
+                 f"time on 2 idle cores with --workers 2); the methods that train K models a "
+                 f"round take up to K times fedavg's")
     return lines
 
 
@@ -592,7 +608,7 @@ def run(args, folder: Path, argv: list[str] | None = None) -> int:
                                       else "finished" if done else "to run"))
         for (name, method_name), other in p.same_as.items():
             print(f"{name}/{method_name}: the same run as {name}/{other}")
-        print("\n".join(estimate(p)))
+        print("\n".join(estimate(p, {k: not v for k, v in why.items()})))
         return 0
     log = lambda line: print(line, flush=True)
     t0, load0 = time.time(), os.getloadavg()[0]

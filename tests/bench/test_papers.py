@@ -155,3 +155,18 @@ def test_a_finished_paper_run_is_not_run_again(tiny_papers, capsys):
             str(tiny_papers / "again" / "papers.md")]
     assert main(argv) == 0
     assert "1 finished before" in capsys.readouterr().out
+
+
+def test_the_dry_run_lists_the_runs_which_cannot_run_and_the_cost(tmp_path, capsys):
+    from fedcluster_app.cli import main
+
+    runs = tmp_path / "r"
+    assert main(["bench", "--tier", "papers", "--papers", "fedrc", "--strategies", "fedavg",
+                 "feddrift", "--seeds", "0", "1", "--runs-dir", str(runs), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "fedrc/fedavg/seed1: to run" in out
+    assert "fedrc/feddrift/seed0: cannot run: feddrift needs at least 2 time steps" in out
+    # the estimate counts the 2 runs that can run, at the CPU seconds measured for fedavg
+    minutes = 2 * P.PAPERS["fedrc"].measured_cpu_s / 60
+    assert "papers: fedrc: 2 runs; one fedavg run took" in out and f"{minutes:.0f} min" in out
+    assert not runs.exists()
