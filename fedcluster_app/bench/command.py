@@ -13,6 +13,7 @@ from fedcluster_app.bench import matrix as M
 from fedcluster_app.core.atomic import atomic_write_bytes
 
 RUNS_DIR = Path("runs/bench")
+TIER_PAPERS = "papers"   # each paper's own protocol: fedcluster_app/bench/papers.py
 QUICK_RUNS_DIR = Path("runs/bench-quick")
 REPORT_NAME = "benchmark.md"
 
@@ -21,6 +22,7 @@ examples:
   fedcluster bench --quick                      # a smoke matrix (8 short runs, seconds)
   fedcluster bench --workers 2                  # the full matrix (resumable: run it again to go on)
   fedcluster bench --tier scale --workers 2     # the papers' regime: 100 clients, 20% a round
+  fedcluster bench --tier papers --workers 2    # each paper's own protocol, every method on it
   fedcluster bench --datasets digits --strategies fedavg ifca fielding --seeds 0 1 2
   # regenerate the committed page: it runs only what the committed rows lack
   fedcluster bench --workers 2 --reuse-rows docs/benchmark/runs.jsonl --report docs/benchmark/README.md
@@ -45,7 +47,11 @@ def add_parser(sub) -> None:
     b.add_argument("--tier", default="headline",
                    help="which matrix: " + "; ".join(f"{k}: {t.description}"
                                                      for k, t in M.TIERS.items())
-                        + " (default headline)")
+                        + f"; {TIER_PAPERS}: each paper's own protocol (its preset) with every "
+                          "method on it, scored by the paper's metric (default headline)")
+    b.add_argument("--papers", nargs="+", metavar="PAPER",
+                   help=f"with --tier {TIER_PAPERS}: which papers (default all: "
+                        "fielding feddrift flexcfl fedrc fedccfa)")
     b.add_argument("--datasets", nargs="+", help="default: the tier's")
     b.add_argument("--shifts", nargs="+", help="default: the tier's")
     b.add_argument("--patterns", nargs="+", help="default: the tier's")
@@ -106,7 +112,9 @@ def plan_of(args: argparse.Namespace) -> Plan:
         parse_run_config,
     )
 
-    tier = M.TIERS[M.check_names("tier", [args.tier], list(M.TIERS))[0]]
+    tier = M.TIERS[M.check_names("tier", [args.tier], [*M.TIERS, TIER_PAPERS])[0]]
+    if getattr(args, "papers", None):
+        raise ValueError(f"--papers chooses the papers of --tier {TIER_PAPERS}")
     quick = M.QUICK if args.quick else {}
     pick = lambda kind, given, key, valid: M.check_names(
         kind, given or quick.get(key, getattr(tier, key)), valid)
@@ -181,6 +189,10 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from fedcluster_app.bench.runner import run_dir, run_matrix
 
     args.runs_dir, args.report = output_paths(args)
+    if args.tier == TIER_PAPERS:
+        from fedcluster_app.bench import papers
+
+        return papers.run(args, report_folder(args.report), argv)
     plan = plan_of(args)
     folder = report_folder(args.report)
     if args.dry_run:

@@ -274,6 +274,11 @@ class Cell:
         another rate is another run."""
         return f"lr{self.lr if self.lr is not None else dict(self.protocol).get('lr')}"
 
+    @property
+    def path(self) -> str:
+        """The run's directory under the runs directory."""
+        return f"{self.scenario.key}/{self.strategy}/{self.lr_dir}/seed{self.seed}"
+
     def config(self) -> dict[str, ConfigValue]:
         """The cell's run config but ``num-clusters`` (which :func:`num_concepts` gives): the
         protocol, the scenario, and the method's strategy with its own settings."""

@@ -64,7 +64,7 @@ def _same_value(a, b) -> bool:
 
 
 def run_dir(runs_dir: Path, cell: Cell) -> Path:
-    return Path(runs_dir) / cell.scenario.key / cell.strategy / cell.lr_dir / f"seed{cell.seed}"
+    return Path(runs_dir) / cell.path
 
 
 def _run_one(run_config: dict) -> tuple[str, str | None, float]:
@@ -105,6 +105,8 @@ def _key(scenario: str | None, strategy: str | None, lr, seed: int, protocol: di
 def reusable_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[Cell, dict[str, Any]]:
     """The finished rows among ``rows`` that match a cell: same scenario, strategy, seed and
     protocol (a row without its protocol matches nothing: what it was run with is unknown)."""
+    if not rows:
+        return {}
     by_key = {_key(r.get("scenario"), r.get("strategy"), r.get("lr"), r["seed"], r["protocol"],
                    r.get("settings")): r
               for r in rows if r.get("status") in COMPLETED
@@ -181,11 +183,15 @@ def process_pool(workers: int) -> cf.ProcessPoolExecutor:
 def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed: bool = False,
                log: Callable[[str], None] = print,
                ray_address: str | None = None,
-               reuse: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], int]:
+               reuse: list[dict[str, Any]] | None = None,
+               score: Callable[[Cell, Path], dict[str, Any]] = _score,
+               row: Callable[..., dict[str, Any]] = _row) -> tuple[list[dict[str, Any]], int]:
     """Run what is not finished, then score every cell: one row per cell, in ``cells``' order,
     and the number of runs this call made. Runs go to a process pool of ``workers`` on this
     machine, or with ``ray_address`` to the Ray cluster there. ``reuse``: rows of an earlier
-    bench that stand for cells without a finished run directory (:func:`reusable_rows`)."""
+    bench that stand for cells without a finished run directory (:func:`reusable_rows`).
+    ``score`` (a cell and its run directory) and ``row`` (a cell, a status and a reason) make
+    the rows: the matrix's, or another tier's for its own cells (``papers.py``)."""
     from fedcluster_app.core.results import read_summary
 
     rows: dict[Cell, dict[str, Any]] = {}
@@ -205,7 +211,7 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
         config = cell.run_config(num_concepts(cell))
         why = cannot_run(cell, config)
         if why:
-            rows[cell] = _row(cell, "cannot run", why)
+            rows[cell] = row(cell, "cannot run", why)
             continue
         # not finished: a stopped or failed run starts again from round 1
         todo[cell] = {**config, "out-dir": str(out.resolve()), "overwrite": True}
@@ -244,7 +250,7 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
     for cell in cells:
         if cell not in rows:
             out = run_dir(runs_dir, cell)
-            rows[cell] = (_score(cell, out) if (out / "summary.json").is_file()
-                          else _row(cell, "failed", "the run left no summary.json"))
+            rows[cell] = (score(cell, out) if (out / "summary.json").is_file()
+                          else row(cell, "failed", "the run left no summary.json"))
         out_rows.append(rows[cell])
     return out_rows, len(todo)

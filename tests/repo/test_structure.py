@@ -146,7 +146,8 @@ def test_no_server_side_module_reaches_a_client_side_one(graph):
     # engine) and serving (a family's newcomer rule runs its client code on a new client's
     # samples) host both sides in one process: neither side
     hosts = {"fedcluster_app.engine", "fedcluster_app.cli", "fedcluster_app.bench.runner",
-             "fedcluster_app.bench.command", "fedcluster_app.serving"}
+             "fedcluster_app.bench.command", "fedcluster_app.bench.papers",
+             "fedcluster_app.serving"}
     # the compiled MLP trainer too: a server never loads Numba for it (strategy.SentModel uses
     # its update norm only where a client in the same process has loaded it)
     client_side = {m for m in graph if m.endswith(".client") or m.endswith("client_app")
