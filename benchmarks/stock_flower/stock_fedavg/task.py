@@ -32,7 +32,7 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, lr: float, steps: i
           batch_size: int, seed: int) -> float:
     """``steps`` Adam steps on minibatches drawn with replacement; the mean loss."""
     rng = np.random.default_rng(seed)
-    xt, yt = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(y))
+    xt, yt = torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y))   # writable copies
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     total = 0.0
@@ -42,13 +42,13 @@ def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, lr: float, steps: i
         loss = F.cross_entropy(model(xt[idx]), yt[idx])
         loss.backward()
         opt.step()
-        total += float(loss)
+        total += loss.item()
     return total / max(steps, 1)
 
 
 @torch.no_grad()
 def test(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     model.eval()
-    logits = model(torch.from_numpy(np.ascontiguousarray(x)))
-    yt = torch.from_numpy(np.ascontiguousarray(y))
+    logits = model(torch.from_numpy(np.array(x)))
+    yt = torch.from_numpy(np.array(y))
     return float(F.cross_entropy(logits, yt)), float((logits.argmax(1) == yt).float().mean())
