@@ -30,7 +30,6 @@ from fedcluster_app.core.config import default_run_config, merge_overrides
 from fedcluster_app.core.results import load_run
 from fedcluster_app.launcher import (
     LocalSimulationSuperLink,
-    _bin,
     process_tree,
     run_with_flwr,
     write_run_config,
@@ -91,9 +90,9 @@ def run_stock(n: int, rounds: int, tmp: Path) -> tuple[list[float], list[float]]
     config = write_run_config({"num-server-rounds": rounds, "num-clients": n,
                                "num-steps": rounds // 5, "times-file": str(times)},
                               home / "run-config.toml")
-    with LocalSimulationSuperLink(home) as link:
+    with LocalSimulationSuperLink(home) as link:   # its env's PATH finds this env's flwr
         done = subprocess.run(
-            [_bin("flwr"), "run", str(STOCK_APP), "fedcluster", "--stream",
+            ["flwr", "run", str(STOCK_APP), "fedcluster", "--stream",
              "--run-config", str(config), "--federation-config",
              f"num-supernodes={n} client-resources-num-cpus=1"],
             env=link.env, capture_output=True, text=True, check=False)
