@@ -33,9 +33,10 @@ class _ClientApp(ClientApp):
 
     Flower's Ray backend pickles the ClientApp with every message it hands a worker, and
     cloudpickle copies by value every function it cannot name (each message kind's handler is
-    a closure): 5.7 KB and 4-18 ms of the simulation process's CPU per message, against 0.03 ms
-    for stock Flower's two module-level functions. A worker imports this module and gets the
-    same app, with the same handlers, by name."""
+    a closure): 5.7 KB and about 18 ms of the simulation process's CPU per message on a loaded
+    2-core machine, against 0.03 ms for stock Flower's two module-level functions
+    (docs/operations/performance.md, "The Ray path against stock Flower"). A worker imports
+    this module and gets the same app, with the same handlers, by name."""
 
     def __reduce__(self):
         return _the_app, ()
