@@ -62,7 +62,10 @@ def stage_app(dest: Path, run_config: dict[str, ConfigValue] | None = None) -> P
     user's strategy's hyper-parameter table is added to the staged pyproject.toml, because
     ``flwr run`` accepts only keys the app declares."""
     dest.mkdir(parents=True, exist_ok=True)
-    text = project_file("pyproject.toml").read_text()
+    # fab-exclude names folders of the repository that the staged app does not have, and
+    # Flower refuses a pattern that matches no file
+    text = re.sub(r"^fab-exclude = .*\n", "", project_file("pyproject.toml").read_text(),
+                  flags=re.MULTILINE)
     plugins = [str(v) for k, v in (run_config or {}).items()
                if k in PLUGIN_KEYS and is_import_path(v)]
     strategy = str((run_config or {}).get("strategy", ""))

@@ -138,6 +138,21 @@ def test_gpu_check_ray_section_runs_on_the_cpu(tmp_path):
     assert len(row["round_s"]) == 4 and row["gpu_pids"] == 0
 
 
+@pytest.mark.slow
+def test_ray_against_stock_flower_runs_both_apps_on_the_same_data(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    out = _run("bench_ray_vs_stock.py", "--clients", "2", "--rounds", "5", "--jsonl", str(rows))
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert [(r["way"], r["clients"], r["rounds"]) for r in got] == [
+        ("fedcluster", 2, 5), ("stock-flower", 2, 5)]
+    assert all(r["s_per_round"] > 0 and r["simulation_cpu_s"] > 0 and MACHINE <= set(r)
+               for r in got)
+    # the same model, data and recipe: the same accuracy up to the minibatch draws
+    assert abs(got[0]["final_accuracy"] - got[1]["final_accuracy"]) < 0.1, got
+    assert got[0]["ratio_fedcluster_to_stock"] == got[1]["ratio_fedcluster_to_stock"]
+    assert "fedcluster / stock Flower" in out
+
+
 def test_route_heldout_script_routes_withheld_clients_and_writes_its_rows(tmp_path):
     rows = tmp_path / "rows.jsonl"
     out = _run("route_heldout.py", "--families", "fielding", "flexcfl", "--seeds", "0",

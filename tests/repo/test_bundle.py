@@ -47,6 +47,16 @@ def test_the_bundle_is_the_package_and_the_python_modules_far_under_the_limit(fr
     assert all(n.endswith(".py") for n in names - package), sorted(names - package)
     assert "tests/plugins/my_model.py" in names              # the README's example module
     assert not [n for n in names if n.startswith("docs/") or n.endswith((".jsonl", ".md"))]
+    # the stock Flower app the Ray benchmark compares with is an app of its own (fab-exclude)
+    assert (fresh_clone.path / "benchmarks/stock_flower/stock_fedavg/server_app.py").is_file()
+    assert not [n for n in names if n.startswith("benchmarks/stock_flower/")]
+
+
+def test_the_stock_flower_reference_is_a_small_app_of_its_own(fresh_clone):
+    size, names = bundle(fresh_clone.path / "benchmarks" / "stock_flower")
+    assert size < 20_000
+    assert names == {f"stock_fedavg/{m}.py" for m in ("__init__", "client_app", "server_app",
+                                                       "task")}
 
 
 def test_the_app_fedcluster_run_stages_builds_with_the_same_rules(fresh_clone, tmp_path):
