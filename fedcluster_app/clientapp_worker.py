@@ -93,20 +93,21 @@ class LoadedApp:
             return self.app
         self.forget()
         install_from_fab(fab.content, skip_prompt=True)
-        app_dir = get_project_dir(run.fab_id, run.fab_version, fab.hash_str)
-        drop_modules(top_level_names(app_dir))   # e.g. this package, imported to run the worker
+        self.dir = get_project_dir(run.fab_id, run.fab_version, fab.hash_str)
+        drop_modules(top_level_names(self.dir))  # e.g. this package, imported to run the worker
         load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
         try:
             self.app = load(run.fab_id, run.fab_version, fab.hash_str)
         except BaseException:
-            drop_modules(top_level_names(app_dir))   # a half-imported app: next task starts over
+            self.forget()                        # a half-imported app: the next task starts over
             raise
-        self.fab_hash, self.dir = fab.hash_str, app_dir
+        self.fab_hash = fab.hash_str
         log(INFO, "[clientapp-worker] loaded the ClientApp of %s %s (FAB %s)", run.fab_id,
             run.fab_version, fab.hash_str[:8])
         return self.app
 
     def forget(self) -> None:
+        """Drop the loaded app: its modules and its directory on sys.path."""
         if self.dir is not None:
             drop_modules(top_level_names(self.dir))
             with contextlib.suppress(ValueError):
