@@ -288,12 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:
-        if node is not None:           # the group's SIGTERM reached it too: let it sign off
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                node.wait(timeout=15)
-            if node.poll() is None:
-                node.kill()
+        if node is not None:
+            stop_child(node)
     return node.wait() if node is not None else 0
+
+
+def stop_child(node: subprocess.Popen) -> None:
+    """The SuperNode this worker started, stopped: a SIGTERM to their process group reached it
+    too and it is signing off; a stop of the worker alone is passed on to it."""
+    for wait, stop in ((2.0, node.terminate), (15.0, node.kill)):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.wait(timeout=wait)
+        if node.poll() is not None:
+            return
+        stop()
 
 
 if __name__ == "__main__":
