@@ -28,7 +28,7 @@ dependencies = []
 packages = ["."]
 
 [tool.flwr.app]
-publisher = "tests"
+publisher = "probe"
 
 [tool.flwr.app.components]
 serverapp = "workerprobe.app:app"
@@ -36,7 +36,7 @@ clientapp = "workerprobe.app:app"
 """
 
 
-RUN = SimpleNamespace(fab_id="tests/workerprobe", fab_version="1.0.0")
+RUN = SimpleNamespace(fab_id="probe/workerprobe", fab_version="1.0.0")
 
 
 def fab_of(app_dir: Path, version: int, body: str = "") -> SimpleNamespace:
