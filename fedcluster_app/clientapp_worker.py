@@ -8,9 +8,9 @@ claim its tasks on its Runtime API; this is that executor, kept running:
     python -m fedcluster_app.clientapp_worker --runtime-api-address 127.0.0.1:9094 --insecure
 
 It claims one ClientApp task at a time and runs it as `flwr-clientapp` would, with Flower's own
-functions for the protocol (``run_clientapp``'s ``pull_task_input``, ``push_message`` and
-``push_task_output``, the task heartbeat, ``install_from_fab`` and the multi-app loader), only in
-this process: each task's message and ``Context`` (its ``state`` included) come from the
+functions for the protocol (``run_clientapp``'s ``push_message`` and ``push_task_output``, its
+``pull_task_input`` with a shorter retry, the task heartbeat, ``install_from_fab`` and the
+multi-app loader), only in this process: each task's message and ``Context`` (its ``state`` included) come from the
 SuperNode and go back to it; an exception becomes an error reply and the next task runs; the
 app is loaded again when a task's FAB differs from the one loaded (a new version of the app),
 with the previous one's modules dropped first. Runtime dependency installation (which needs a
@@ -69,9 +69,10 @@ from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 CLAIM_FIRST_S, CLAIM_GROWTH, CLAIM_MAX_S = 0.01, 1.5, 0.25
 
 
-# A SuperNode offers a task before it has fetched the message's contents from the SuperLink (a few
-# ms later): Flower's pull then waits 1 s, then 2 s, ... for what is missing, which a fresh
-# process never meets (it starts later). This worker starts at once: it asks again sooner.
+# A SuperNode offers a task before it has fetched the message's contents from the SuperLink
+# (moments later, seconds under load): Flower's pull then waits 1 s, then 2 s, ... for what is
+# missing, which a fresh process, starting seconds later, rarely meets. This worker starts at
+# once: it asks again sooner.
 PULL_BACKOFF_S = 0.01
 PULL_BACKOFF_CAP_S = 0.5
 
