@@ -296,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def stop_child(node: subprocess.Popen) -> None:
     """The SuperNode this worker started, stopped: a SIGTERM to their process group reached it
-    too and it is signing off; a stop of the worker alone is passed on to it."""
-    for wait, stop in ((2.0, node.terminate), (15.0, node.kill)):
+    too and it is signing off (a second SIGTERM would cut that short: Flower's handler runs
+    once), so it is given longer than ``deploy.stop_group`` waits before SIGKILL; a stop of the
+    worker alone is passed on to it after that."""
+    for wait, stop in ((12.0, node.terminate), (15.0, node.kill)):
         with contextlib.suppress(subprocess.TimeoutExpired):
             node.wait(timeout=wait)
         if node.poll() is not None:
