@@ -15,7 +15,7 @@ A bench scenario is a data set, a kind of shift and a drift pattern:
 * prior: ``uniform`` (every client the same class frequencies: what tells clients apart is the
   drift) on every shift and pattern, and ``dirichlet`` (each client its own Dirichlet(1) class
   prior: label skew, which rewards personalisation) as its own axis, on sudden drift and no
-  drift (:data:`PRIOR_PATTERNS`); the Gaussian mixture has no class prior to skew.
+  drift (:data:`PRIOR_PATTERNS`).
 
 Every run of a scenario shares :data:`PROTOCOL` (clients, steps, rounds, one training recipe,
 the scoring rule ``score-next-step``) but the learning rate: each method's is chosen per data
@@ -43,8 +43,6 @@ PRIOR_ALPHA: dict[str, float] = {"uniform": math.inf, "dirichlet": 1.0}
 #: the drift patterns each prior runs: label skew is an axis of its own, on sudden drift (and
 #: once per data set without drift), so every shift runs with and without it
 PRIOR_PATTERNS: dict[str, tuple[str, ...]] = {"uniform": PATTERNS, "dirichlet": ("sudden",)}
-#: data sets without a class prior to skew (the mixture's points are drawn per concept)
-UNSKEWED = ("mixture",)
 #: (shift, pattern) pairs that repeat another run for run, and what they repeat
 REPEATS = {("concept", "incremental"): "concept/sudden"}
 
@@ -229,12 +227,10 @@ def scenarios(datasets=DATASETS, shifts=SHIFTS, patterns=PATTERNS, priors=PRIORS
     """Every (data, shift, pattern, prior) the matrix runs: with each prior the patterns
     :data:`PRIOR_PATTERNS` gives it, plus one no-drift scenario per data set and prior (its
     mixed-shift scenario with the pattern ``none``: every client stays on the original
-    concept); never a pair of :data:`REPEATS`, never a skewed prior of :data:`UNSKEWED`."""
+    concept); never a pair of :data:`REPEATS`."""
     out = []
     for prior in priors:
         for data in datasets:
-            if prior != "uniform" and data in UNSKEWED:
-                continue
             if no_drift:
                 out.append(BenchScenario(data, "mix" if "mix" in SHIFTS else shifts[0], "none",
                                          prior))
@@ -299,7 +295,7 @@ def tuning_cells(datasets, strategies, protocol: tuple[tuple[str, ConfigValue], 
     return [Cell(BenchScenario(data, shift, pattern, prior), strategy, VALIDATION_SEED,
                  protocol, lr)
             for data in datasets for shift, pattern, prior in TUNING_SCENARIOS
-            if prior in priors and not (prior != "uniform" and data in UNSKEWED)
+            if prior in priors
             for strategy in strategies for lr in grid]
 
 

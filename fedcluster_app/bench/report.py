@@ -708,7 +708,7 @@ def learning_rates_table(tuning_rows: list[dict]) -> list[str]:
             (f"Every method's learning rate is chosen per data set from one grid, "
              f"{', '.join(f'{g:g}' for g in grid)}, on seed {VALIDATION_SEED}, which is never "
              f"scored: the rate with the best mean next-step accuracy over the data set's "
-             f"scenarios {where} (the skewed one where the data set has a class prior to skew; "
+             f"scenarios {where} (those of the matrix's priors; "
              f"an equal mean goes to the smaller rate). Chosen rate (its mean next-step "
              f"accuracy there); the tuning runs are in `{TUNING_FILE}`."), "",
             *_table(["method", *datasets], table), ""]
@@ -865,8 +865,7 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
         "one run for run. Prior: **uniform** (`dirichlet-alpha = inf`: every client the same "
         "class frequencies, so what sets clients apart is the drift) on every shift and "
         "pattern; **dirichlet** (`dirichlet-alpha = 1`: each client its own class prior, label "
-        "skew that rewards personalisation) as its own axis, on sudden drift and no drift; the "
-        "Gaussian mixture has no class prior to skew."),
+        "skew that rewards personalisation) as its own axis, on sudden drift and no drift."),
         "",
         *methods_table(strategies, rows),
         *learning_rates_table(tuning_rows or []),

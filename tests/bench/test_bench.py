@@ -120,7 +120,7 @@ def tiny_bench(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("bench")
     argv = ["bench", "--datasets", "mixture", "--shifts", "concept", "--patterns", "sudden",
-            "--strategies", "fedavg", "oracle", "feddrift", "--seeds", "0",
+            "--priors", "uniform", "--strategies", "fedavg", "oracle", "feddrift", "--seeds", "0",
             "--runs-dir", str(root / "runs"), "--report", str(root / "doc" / "bench.md"),
             "--set", "num-steps=4", "--set", "rounds-per-step=2", "--set", "local-steps=5",
             "--lr-grid", "0.003", "0.1"]
@@ -323,7 +323,7 @@ def test_bench_writes_under_the_runs_directory_unless_a_report_is_named(tmp_path
 
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--datasets", "mixture", "--shifts", "label", "--patterns", "sudden",
-                 "--skip-static", "--strategies", "fedavg", "--seeds", "0", "--set", "num-steps=3",
+                 "--priors", "uniform", "--skip-static", "--strategies", "fedavg", "--seeds", "0", "--set", "num-steps=3",
                  "--set", "rounds-per-step=1", "--set", "local-steps=2"]) == 0
     assert [p.name for p in tmp_path.iterdir()] == ["runs"]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["bench"]
@@ -469,9 +469,9 @@ def test_the_learning_rate_is_tuned_per_data_set_on_a_seed_never_scored():
     to the smaller rate, a method whose every rate failed keeps the protocol's."""
     cells = M.tuning_cells(("mixture", "digits"), ("fedavg",), (), (0.01, 0.1))
     assert {c.seed for c in cells} == {M.VALIDATION_SEED}
-    # the mixture has no class prior to skew: it tunes on its uniform scenario only
     assert sorted((c.scenario.key, c.lr) for c in cells) == sorted(
         [("mixture/mix/sudden/uniform", 0.01), ("mixture/mix/sudden/uniform", 0.1),
+         ("mixture/mix/sudden/dirichlet", 0.01), ("mixture/mix/sudden/dirichlet", 0.1),
          ("digits/mix/sudden/uniform", 0.01), ("digits/mix/sudden/uniform", 0.1),
          ("digits/mix/sudden/dirichlet", 0.01), ("digits/mix/sudden/dirichlet", 0.1)])
     assert all(c.scenario.prior == "uniform"
@@ -511,7 +511,7 @@ def test_the_matrix_leaves_out_what_repeats_another_scenario_and_a_skew_it_canno
     keys = {s.key for s in M.scenarios()}
     assert not any(k.startswith(("mixture/", "digits/")) and "/concept/incremental/" in k
                    for k in keys)
-    assert not any(k.startswith("mixture/") and k.endswith("/dirichlet") for k in keys)
+    assert "mixture/mix/none/dirichlet" in keys     # the mixture's priors can be skewed too
     assert "digits/feature/sudden/dirichlet" in keys
     assert "digits/feature/staggered/dirichlet" not in keys        # skew: sudden and none only
     scale = M.TIERS["scale"]
@@ -521,7 +521,8 @@ def test_the_matrix_leaves_out_what_repeats_another_scenario_and_a_skew_it_canno
 def test_tune_only_chooses_the_rates_and_runs_no_scored_seed(tmp_path, capsys):
     from fedcluster_app.cli import main
 
-    assert main(["bench", "--tune-only", "--datasets", "mixture", "--strategies", "fedavg",
+    assert main(["bench", "--tune-only", "--datasets", "mixture", "--priors", "uniform",
+                 "--strategies", "fedavg",
                  "--lr-grid", "0.001", "0.1", "--runs-dir", str(tmp_path / "r"),
                  "--report", str(tmp_path / "page" / "README.md"),
                  "--set", "num-steps=3", "--set", "rounds-per-step=2",
