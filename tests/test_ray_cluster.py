@@ -150,8 +150,9 @@ def test_the_bench_runs_its_matrix_on_an_existing_ray_cluster(ray_cluster, tmp_p
     the local process pool makes."""
     base = ray_cluster
     matrix = ["--datasets", "mixture", "--shifts", "concept", "--patterns", "sudden",
-              "--skip-static", "--strategies", "fedavg", "oracle", "--seeds", "0", "1",
-              "--set", "num-steps=3", "--set", "rounds-per-step=1", "--set", "local-steps=3"]
+              "--priors", "uniform", "--skip-static", "--strategies", "fedavg", "oracle",
+              "--seeds", "0", "1", "--set", "num-steps=3", "--set", "rounds-per-step=1",
+              "--set", "local-steps=3", "--set", "lr=0.03"]    # one fixed rate: no tuning runs
     proc = subprocess.run(
         [sys.executable, "-m", "fedcluster_app.cli", "bench", *matrix, "--ray-address", "auto",
          "--runs-dir", str(tmp_path / "ray-runs"), "--report", str(tmp_path / "ray.md")],
