@@ -646,15 +646,8 @@ class Scenario:
     def step_data(self, client: int, step: int) -> StepData:
         """Train and test data of ``client`` at ``step``: deterministic, cached (bounded LRU)."""
         client, step = self._check(client, step)
-        key = (client, step)
-        with self._lock:
-            hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        data = self._generate(client, step)
-        with self._lock:
-            self._cache.put(key, data, self._cache_entries(), self.STEP_CACHE_BYTES)
-        return data
+        return self._cached(self._cache, (client, step), lambda: self._generate(client, step),
+                            self.STEP_CACHE_BYTES)
 
     def has_balanced_test(self) -> bool | None:
         """Whether :meth:`balanced_test` can draw for this scenario's data (a class-based
@@ -675,11 +668,10 @@ class Scenario:
         (``ClassRealisation.balanced_sample``). Its own stream (``[data_seed, client, step,
         TAG_BALANCED]``), so no other draw changes; cached like ``step_data``, read-only."""
         client, step = self._check(client, step)
-        key = (client, step)
-        with self._lock:
-            hit = self._balanced_cache.get(key)
-        if hit is not None:
-            return hit
+        return self._cached(self._balanced_cache, (client, step),
+                            lambda: self._draw_balanced(client, step), self.STEP_CACHE_BYTES)
+
+    def _draw_balanced(self, client: int, step: int) -> tuple[np.ndarray, np.ndarray]:
         sample = getattr(self.realisation, "balanced_sample", None)
         if sample is None:
             raise ValueError(f"scenario {self.name} has no class-balanced test set: its data "
@@ -690,12 +682,22 @@ class Scenario:
         data = (np.ascontiguousarray(x, dtype=np.float32), np.ascontiguousarray(y, dtype=np.int64))
         for a in data:
             a.setflags(write=False)
-        with self._lock:
-            self._balanced_cache.put(key, data, self._cache_entries(), self.STEP_CACHE_BYTES)
         return data
 
     def _cache_entries(self) -> int:
         return max(self.STEP_CACHE_SIZE, 2 * self.num_clients)
+
+    def _cached(self, cache: _BoundedCache, key, make, max_bytes: int):
+        """``cache``'s entry for ``key``, made by ``make()`` outside the lock on a miss (two
+        threads may both make it; the arrays are the same) and kept within the bounds."""
+        with self._lock:
+            hit = cache.get(key)
+        if hit is not None:
+            return hit
+        data = make()
+        with self._lock:
+            cache.put(key, data, self._cache_entries(), max_bytes)
+        return data
 
     def window(self, client: int, step: int, size: int) -> tuple[np.ndarray, np.ndarray]:
         """Training data of steps ``max(1, step - size + 1) .. step``, concatenated ``(x, y)``."""
@@ -713,20 +715,17 @@ class Scenario:
         key = (operator.index(client), tuple(operator.index(t) for t in steps))
         if not key[1]:
             raise ValueError("no time steps given")
-        with self._lock:
-            hit = self._steps_cache.get(key)
-        if hit is not None:
-            return hit
-        parts = [self.step_data(client, t) for t in key[1]]
+        return self._cached(self._steps_cache, key, lambda: self._concatenate(*key),
+                            self.STEPS_CACHE_BYTES)
+
+    def _concatenate(self, client: int, steps: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        parts = [self.step_data(client, t) for t in steps]
         if len(parts) == 1:
-            data = (parts[0].x_train, parts[0].y_train)
-        else:
-            data = (np.concatenate([p.x_train for p in parts], axis=0),
-                    np.concatenate([p.y_train for p in parts], axis=0))
-            for a in data:
-                a.setflags(write=False)
-        with self._lock:
-            self._steps_cache.put(key, data, self._cache_entries(), self.STEPS_CACHE_BYTES)
+            return parts[0].x_train, parts[0].y_train
+        data = (np.concatenate([p.x_train for p in parts], axis=0),
+                np.concatenate([p.y_train for p in parts], axis=0))
+        for a in data:
+            a.setflags(write=False)
         return data
 
 
