@@ -196,10 +196,11 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     plan = plan_of(args)
     folder = report_folder(args.report)
     if args.dry_run:
+        tuning = set(plan.tuning)
         for cell in plan.tuning + plan.cells:
             why = M.cannot_run(cell, cell.run_config(M.num_concepts(cell)))
             done = (run_dir(args.runs_dir, cell) / "summary.json").is_file()
-            rate = (f" (tunes lr {cell.lr})" if cell in plan.tuning
+            rate = (f" (tunes lr {cell.lr})" if cell in tuning
                     else " (lr: tuned)" if plan.tuning else "")
             print(f"{cell.name}{rate}: " + (f"cannot run: {why}" if why else
                                              "finished" if done else "to run"))

@@ -262,6 +262,7 @@ class Cell:
 
     @property
     def name(self) -> str:
+        """The cell's name, which is also its run directory under the runs directory."""
         return f"{self.scenario.key}/{self.strategy}/{self.lr_dir}/seed{self.seed}"
 
     @property
@@ -269,11 +270,6 @@ class Cell:
         """The part of the cell's run directory that names its learning rate: a run with
         another rate is another run."""
         return f"lr{self.lr if self.lr is not None else dict(self.protocol).get('lr')}"
-
-    @property
-    def path(self) -> str:
-        """The run's directory under the runs directory."""
-        return f"{self.scenario.key}/{self.strategy}/{self.lr_dir}/seed{self.seed}"
 
     def config(self) -> dict[str, ConfigValue]:
         """The cell's run config but ``num-clusters`` (which :func:`num_concepts` gives): the

@@ -387,12 +387,8 @@ class PaperCell:
 
     @property
     def name(self) -> str:
+        """The cell's name, which is also its run directory under the runs directory."""
         return f"{self.paper}/{self.strategy}/seed{self.seed}"
-
-    @property
-    def path(self) -> str:
-        """The run's directory under the runs directory."""
-        return self.name
 
     def config(self) -> dict[str, ConfigValue]:
         return {**dict(self.settings), "seed": self.seed, "progress": False}

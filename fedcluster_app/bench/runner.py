@@ -42,11 +42,8 @@ def _check_same_run(cell: Cell, config: dict, summary: dict, out: Path) -> None:
 
     ran = summary.get("config") or {}
     config = to_json(config)    # as the summary holds it (a non-finite number is null there)
-    differ = sorted(k for k, v in config.items()
-                    if k not in ("out-dir", "overwrite", "progress") and k in ran
-                    and not _same_value(ran[k], v))
-    differ += sorted(k for k in config if k not in ran and k not in ("out-dir", "overwrite",
-                                                                     "progress"))
+    differ = sorted(k for k, v in config.items() if k not in ("out-dir", "overwrite", "progress")
+                    and (k not in ran or not _same_value(ran[k], v)))
     if differ:
         shown = ", ".join(f"{k} = {ran.get(k, '(unset)')!r} there, {config[k]!r} here"
                           for k in differ[:4])
@@ -64,7 +61,7 @@ def _same_value(a, b) -> bool:
 
 
 def run_dir(runs_dir: Path, cell: Cell) -> Path:
-    return Path(runs_dir) / cell.path
+    return Path(runs_dir) / cell.name
 
 
 def _run_one(run_config: dict) -> tuple[str, str | None, float]:
@@ -201,9 +198,10 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
         out = run_dir(runs_dir, cell)
         summary = read_summary(out) or {}
         status = summary.get("status")
-        if status in COMPLETED or (status == "failed" and not retry_failed):
-            if status in COMPLETED:
-                _check_same_run(cell, cell.run_config(num_concepts(cell)), summary, out)
+        if status in COMPLETED:
+            _check_same_run(cell, cell.run_config(num_concepts(cell)), summary, out)
+            continue
+        if status == "failed" and not retry_failed:
             continue
         if cell in earlier:
             rows[cell] = earlier[cell]
