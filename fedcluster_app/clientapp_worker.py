@@ -75,6 +75,11 @@ CLAIM_FIRST_S, CLAIM_GROWTH, CLAIM_MAX_S = 0.01, 1.5, 0.25
 # once: it asks again sooner.
 PULL_BACKOFF_S = 0.01
 PULL_BACKOFF_CAP_S = 0.5
+# ...but not forever: a message the SuperNode still lacks after this long will not come (its run
+# ended, e.g. the SuperLink was restarted after a crash and answers "run is finished"). The
+# task fails and the worker takes the next one; waiting on, it would block every later run.
+# (A fresh `flwr-clientapp` per message waits up to two hours, but it blocks nobody.)
+PULL_MAX_S = 60.0
 
 
 class TaskCancelled(Exception):
@@ -146,7 +151,8 @@ def pull_task_input(client: RuntimeHttpClient):
         tree, make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
         make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node,
                                                   context.run_id),
-        return_type=Message, max_tries_per_object=None, initial_backoff=PULL_BACKOFF_S,
+        return_type=Message, max_tries_per_object=None, max_time=PULL_MAX_S,
+        initial_backoff=PULL_BACKOFF_S,
         backoff_cap=PULL_BACKOFF_CAP_S)
     message.metadata.__dict__["_message_id"] = tree.object_id   # as Flower's: not in the tree
     return message, context, run_from_proto(res.run), fab_from_proto(res.fab)

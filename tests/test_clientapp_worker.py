@@ -88,3 +88,47 @@ def test_a_fab_that_fails_to_load_leaves_nothing_half_imported(tmp_path, monkeyp
     fixed = fab_of(tmp_path / "src", 2)                    # the next task's FAB loads cleanly
     assert loaded.get(RUN, fixed) is not None and sys.modules["workerprobe.app"].VERSION == 2
     loaded.forget()
+
+
+def test_a_message_that_never_arrives_fails_its_task_in_bounded_time(monkeypatch):
+    """The SuperNode offers a task whose message it cannot fetch any more (its run ended while
+    the SuperLink was down): the pull gives up after PULL_MAX_S, so the worker is free for the
+    next run's tasks instead of retrying forever."""
+    import time
+
+    from flwr.app import Context, RecordDict
+    from flwr.common.serde import context_to_proto
+    from flwr.proto.message_pb2 import Message as MessageProto  # pylint: disable=E0611
+    from flwr.proto.message_pb2 import ObjectTree, PullObjectResponse  # pylint: disable=E0611
+    from flwr.proto.runtime_pb2 import (PullAppMessagesResponse,  # pylint: disable=E0611
+                                        PullTaskInputResponse)
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
+
+    context = Context(run_id=7, node_id=3, node_config={}, state=RecordDict(), run_config={})
+    pulls: list[str] = []
+
+    class StaleSuperNode:   # the Runtime API of a SuperNode that lost the message's contents
+        def PullTaskInput(self, request):  # noqa: N802 (Flower's RPC names)
+            return PullTaskInputResponse(context=context_to_proto(context), task_id=1)
+
+        def PullMessages(self, request):  # noqa: N802
+            return PullAppMessagesResponse(messages_list=[MessageProto()],
+                                           message_object_trees=[ObjectTree(object_id="ab" * 32)])
+
+        def PullObject(self, request):  # noqa: N802
+            pulls.append(request.object_id)
+            return PullObjectResponse(object_found=True, object_available=False)
+
+        def ConfirmMessageReceived(self, request):  # noqa: N802
+            raise AssertionError("nothing was received")
+
+    monkeypatch.setattr(worker, "PULL_MAX_S", 0.5)
+    start = time.monotonic()
+    try:
+        worker.pull_task_input(StaleSuperNode())
+    except ObjectPullError:
+        pass
+    else:
+        raise AssertionError("a message that never arrived was returned")
+    assert time.monotonic() - start < 5 and len(pulls) > 1     # retried, then gave up
+
