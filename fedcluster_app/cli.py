@@ -130,6 +130,10 @@ def _parser() -> argparse.ArgumentParser:
     dep.add_argument("--tls", action="store_true", help="TLS with a self-signed CA in DIR/certs")
     dep.add_argument("--auth", action="store_true",
                      help="SuperNode authentication: keys in DIR/keys, registered with the SuperLink")
+    dep.add_argument("--stock-supernodes", action="store_true",
+                     help="plain flower-supernode: a fresh ClientApp process per message and "
+                          "Flower's 3 s polls (default: one long-lived ClientApp process per "
+                          "SuperNode and short polls, a round in seconds)")
     dep.add_argument("--data-dir", help="node-config data-dir of every SuperNode (its local data: a "
                      "torchvision directory or a dataset such as npz:PATH); {id} becomes the "
                      "node's client-id, e.g. npz:data/client{id}.npz")
@@ -469,7 +473,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                    for i in range(args.nodes)]
         try:
             dep = LocalDeployment(args.dir, tls=args.tls, auth=args.auth, port=args.port,
-                                  node_configs=configs).up()
+                                  node_configs=configs,
+                                  stock_supernodes=args.stock_supernodes).up()
         except DeploymentRunning as ex:   # a second `up` would orphan the first deployment
             print(f"fedcluster: error: {ex}", file=sys.stderr)
             return 2

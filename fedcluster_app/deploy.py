@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
+from fedcluster_app.core.server.exchange import POLL_MAX_S
 from fedcluster_app.launcher import (_bin, connection_env, flwr_env, free_port, process_tree,
                                     wait_port)
 
@@ -31,7 +33,10 @@ STATE_FILE = "deployment.json"
 # until it has missed HEARTBEAT_PATIENCE heartbeats; flower-supernode sends one every
 # HEARTBEAT_DEFAULT_INTERVAL s (fixed, no option), i.e. for up to 60 s in flwr 1.41.
 RELEASE_TIMEOUT = HEARTBEAT_PATIENCE * HEARTBEAT_DEFAULT_INTERVAL + 30.0
-SERVER_POLL_S = 3.0   # how often a ServerApp pulls replies (flwr's HttpGrid)
+# The long-lived ClientApp process each SuperNode gets, and the SuperNode that polls briefly,
+# unless ``stock_supernodes`` asks for Flower's defaults
+CLIENTAPP_WORKER = "fedcluster_app.clientapp_worker"
+FAST_SUPERNODE = "fedcluster_app.supernode"
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +156,8 @@ def group_members(pgid: int) -> list[int]:
             continue                           # exited meanwhile
         # an exiting process has already lost its command line but is not a zombie yet: it is
         # still ours (a reused PID leads its own group, under its own command line)
-        if not cmdline or b"flower" in cmdline or b"flwr" in cmdline:
+        if not cmdline or any(mark in cmdline for mark in (
+                b"flower", b"flwr", CLIENTAPP_WORKER.encode(), FAST_SUPERNODE.encode())):
             members.append(int(stat.parent.name))
     return members
 
@@ -176,7 +182,12 @@ def stop_group(pgid: int, timeout: float = 10.0) -> None:
 
 @dataclass
 class LocalDeployment:
-    """A SuperLink and SuperNodes on this machine. ``up()``/``down()``; state in ``dir``."""
+    """A SuperLink and SuperNodes on this machine. ``up()``/``down()``; state in ``dir``.
+
+    Each SuperNode runs its ClientApp in one long-lived process (``clientapp_worker``: the app
+    and torch are loaded once, not for every message) and polls briefly (``supernode``);
+    ``stock_supernodes``: plain `flower-supernode` instead, which starts a `flwr-clientapp`
+    process per message (seconds each) and looks for messages every 3 s."""
 
     dir: Path
     num_nodes: int = 3
@@ -186,6 +197,7 @@ class LocalDeployment:
     node_configs: list[dict[str, str | int]] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
     node_ids: dict[str, int] = field(default_factory=dict)   # with auth: fixed by each key
+    stock_supernodes: bool = False
 
     def __post_init__(self) -> None:
         self.dir = Path(self.dir).resolve()
@@ -339,8 +351,9 @@ class LocalDeployment:
             logger.warning("SuperNode %d: released after %.0f s; starting it", i,
                            time.monotonic() - t0)
         # the same node id comes back: let the ServerApp poll once while it is offline, so a
-        # reply it still awaits from the old process fails now, not after round-timeout
-        time.sleep(SERVER_POLL_S)
+        # reply it still awaits from the old process fails now, not after round-timeout (a
+        # deployed ServerApp pulls replies at least every POLL_MAX_S)
+        time.sleep(2 * POLL_MAX_S)
 
     def node_status(self, node_id: int) -> str | None:
         """The SuperLink's status of ``node_id`` (online, offline, registered, ...)."""
@@ -352,12 +365,22 @@ class LocalDeployment:
     def _spawn_node(self, i: int, key: Path | None = None) -> int:
         cfg = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}"
                        for k, v in self.node_configs[i].items())
-        cmd = [_bin("flower-supernode"), "--superlink", self.address, "--node-config", cfg,
-               "--host", "127.0.0.1", "--port", str(free_port())]
+        runtime_port = free_port()
+        supernode = ([_bin("flower-supernode")] if self.stock_supernodes
+                     else [sys.executable, "-m", FAST_SUPERNODE])
+        cmd = [*supernode, "--superlink", self.address, "--node-config", cfg,
+               "--host", "127.0.0.1", "--port", str(runtime_port)]
         cmd += ["--root-certificates", str(self.certs / "ca.crt")] if self.tls else ["--insecure"]
         key = key or (self.dir / "keys" / f"node{i}" if self.auth else None)
         if key is not None:
             cmd += ["--auth-supernode-private-key", str(key)]
+        if not self.stock_supernodes:
+            # the SuperNode launches no executor; the worker, its parent in one process group,
+            # claims its tasks over its Runtime API (plain HTTP on 127.0.0.1, as Flower's own
+            # SuperExec reaches it: the TLS above is the link to the SuperLink)
+            cmd = [sys.executable, "-m", CLIENTAPP_WORKER, "--runtime-api-address",
+                   f"127.0.0.1:{runtime_port}", "--insecure", "--",
+                   *cmd, "--isolation", "process"]
         self.pids[f"node{i}"] = _start(cmd, self.env(f"node{i}"), self.dir / f"node{i}.log")
         self._save()
         return self.pids[f"node{i}"]

@@ -1,4 +1,5 @@
-"""A real SuperLink and SuperNodes on 127.0.0.1 (slow: every deployed message starts a process)."""
+"""A real SuperLink and SuperNodes on 127.0.0.1 (slow: each test starts processes that import
+torch; a deployed round takes seconds, SuperNodes that crash take up to a minute to be released)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,38 @@ def test_three_supernodes_run_a_clustered_strategy(tmp_path):
     assert all(r["evaluated_clients"] == 3 and r["failures"] == 0 for r in rounds)
     assert rounds[-1]["ari"] == 1.0 and rounds[-1]["drifted_clients"] == 1   # client 0 drifts
     assert sorted(checkpoint_clients(tmp_path / "out")) == [0, 1, 2]
+    for i in range(3):   # one long-lived ClientApp process per SuperNode loaded the app once
+        log = (tmp_path / "dep" / f"node{i}.log").read_text()
+        assert log.count("[clientapp-worker] loaded the ClientApp") == 1, log[-3000:]
+        assert log.count("Sending:") >= 7                 # discovery, 3 x (train, evaluate)
+
+
+def test_a_clientapp_that_raises_replies_with_an_error_and_its_process_serves_on(tmp_path):
+    """SuperNode 2's data file is missing: every message it gets raises in its ClientApp. Each
+    comes back to the server as an error reply (the node is asked again the next round, the
+    run goes on with the others), and its long-lived ClientApp process serves every one."""
+    configs = []
+    for k in range(3):
+        path = tmp_path / f"node{k}.npz"
+        if k < 2:
+            rng = np.random.default_rng(k)
+            y = rng.integers(0, 2, 200)
+            np.savez(path, x=(rng.normal(0.0, 1.0, (200, 2)) + 3.0 * y[:, None])
+                     .astype(np.float32), y=y)
+        configs.append({"client-id": k, "data-dir": f"npz:{path}"})
+    run = small_run(tmp_path / "out", **{
+        "strategy": "fedavg", "scenario": "dataset-permute", "num-steps": 3,
+        "samples-per-step": 60, "test-samples": 30, "num-classes": 2, "input-shape": "2",
+        "dataset": f"npz:{tmp_path / 'on-the-devices-only.npz'}"})
+    with LocalDeployment(tmp_path / "dep", node_configs=configs) as dep:
+        run_on_deployment(run, dep.connection())
+        assert dep.running() == dep.pids                  # no process died of it
+    summary, rounds = load_run(tmp_path / "out")
+    assert summary["status"] == "completed" and len(rounds) == 3
+    assert all(r["evaluated_clients"] == 2 for r in rounds)
+    log = (tmp_path / "dep" / "node2.log").read_text()
+    assert log.count("ClientApp raised an exception") >= 3, log[-3000:]   # one per round
+    assert "node2.npz" in log and log.count("loaded the ClientApp") == 1
 
 
 def test_each_supernode_reads_its_own_npz_file(tmp_path):
@@ -90,14 +123,16 @@ def test_tls_and_supernode_authentication_refuse_an_unregistered_node(tmp_path):
         stranger, _ = make_node_keys(tmp_path / "stranger", "key")   # never registered
         dep.node_configs.append({"client-id": 2})
         dep.start_node(2, key=stranger)
-        time.sleep(8)
+        log = tmp_path / "dep" / "node2.log"
+        deadline = time.monotonic() + 60
+        while "Failed to activate SuperNode" not in log.read_text():   # the SuperLink refuses
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
         assert dep.online_nodes() == 2                                  # it was refused
         run_on_deployment(small_run(tmp_path / "out", **{"num-clients": 2, "node-wait-s": 5.0}),
                           dep.connection())
     summary, rounds = load_run(tmp_path / "out")
     assert summary["status"] == "completed" and {r["evaluated_clients"] for r in rounds} == {2}
-    log = (tmp_path / "dep" / "node2.log").read_text()
-    assert "Failed to activate SuperNode" in log            # the SuperLink refused its key
 
 
 def test_a_supernode_that_dies_and_comes_back_keeps_its_cluster(tmp_path):

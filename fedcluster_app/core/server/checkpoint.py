@@ -32,6 +32,7 @@ from fedcluster_app.core.data.schedules import schedule_digest
 from fedcluster_app.core.results.files import (
     CHECKPOINT_FILE,  # with the run's other file names
 )
+from fedcluster_app.core.server import exchange
 from fedcluster_app.core.server.messages import Task, validate_reply
 from fedcluster_app.core.server.nodes import ClientRecord
 
@@ -292,7 +293,7 @@ class Checkpoints:
                     for n in sent]
         states = {}
         shapes = s.shapes
-        for msg in grid.send_and_receive(messages, timeout=s.round_timeout) if messages else []:
+        for msg in exchange.send_and_receive(grid, messages, s.round_timeout) if messages else []:
             cid = sent.get(msg.metadata.src_node_id)
             if cid is None:
                 continue
@@ -315,7 +316,7 @@ class Checkpoints:
             messages.append(Message(content=content, dst_node_id=node,
                                     message_type=P.QUERY_RESTORE, group_id="restore"))
         restored = set()
-        for msg in grid.send_and_receive(messages, timeout=s.round_timeout) if messages else []:
+        for msg in exchange.send_and_receive(grid, messages, s.round_timeout) if messages else []:
             cid = todo.get(msg.metadata.src_node_id)
             if cid is not None and not msg.has_error():
                 restored.add(cid)

@@ -19,6 +19,7 @@ from flwr.serverapp import Grid
 from fedcluster_app.core import codec
 from fedcluster_app.core import flower_fast
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.server import exchange
 from fedcluster_app.core.server.messages import RejectedReply, Reply, Task, validate_reply
 from fedcluster_app.core.server.updates import (
     MAX_UPDATE_SCALE,
@@ -72,7 +73,7 @@ class Courier:
             messages.append(flower_fast.instruction(content, node, wire_kind, str(s.round),
                                                     ttl=wait))
             sent[node] = (cid, task, (config[P.ROUND], config[P.STEP]))
-        replies = (list(grid.send_and_receive(messages, timeout=wait)) if messages else [])
+        replies = (exchange.send_and_receive(grid, messages, wait) if messages else [])
         out, answered = [], set()
         norms: dict[tuple[int, int], float] = {}   # (client, model) -> update norm
         sent_models: dict[int, SentModel] = {}     # model -> its scale and arrays, once

@@ -24,6 +24,7 @@ from flwr.serverapp import Grid
 from fedcluster_app.core import codec
 from fedcluster_app.core import flower_fast
 from fedcluster_app.core import wire as P
+from fedcluster_app.core.server import exchange
 from fedcluster_app.core.server.messages import RejectedReply, check_metrics
 
 if TYPE_CHECKING:   # the strategy module composes this one: its type only
@@ -68,7 +69,7 @@ class NodeDirectory:
                                             n, P.QUERY_INFO, "discover")
                     for n in unknown]
         new, mapped = [], []
-        for msg in grid.send_and_receive(messages, timeout=s.round_timeout):
+        for msg in exchange.send_and_receive(grid, messages, s.round_timeout):
             node = msg.metadata.src_node_id
             if msg.has_error():   # e.g. its data failed to load: asked again next round
                 if node not in self.errors:
