@@ -391,7 +391,7 @@ class PaperCell:
         return f"{self.paper}/{self.strategy}/seed{self.seed}"
 
     def config(self) -> dict[str, ConfigValue]:
-        return {**dict(self.settings), "seed": self.seed, "progress": False}
+        return {**dict(self.settings), "seed": self.seed, **M.QUIET_RUN}
 
     def run_config(self, num_clusters: int) -> dict[str, ConfigValue]:
         return {**self.config(),

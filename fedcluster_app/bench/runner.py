@@ -25,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedcluster_app.bench.matrix import Cell, bench_scenario, cannot_run, method, num_concepts
+from fedcluster_app.bench.matrix import (QUIET_RUN, Cell, bench_scenario, cannot_run, method,
+                                         num_concepts)
 from fedcluster_app.bench.scores import score_run
 
 COMPLETED = ("completed", "degraded")
@@ -42,7 +43,7 @@ def _check_same_run(cell: Cell, config: dict, summary: dict, out: Path) -> None:
 
     ran = summary.get("config") or {}
     config = to_json(config)    # as the summary holds it (a non-finite number is null there)
-    differ = sorted(k for k, v in config.items() if k not in ("out-dir", "overwrite", "progress")
+    differ = sorted(k for k, v in config.items() if k not in ("out-dir", "overwrite", *QUIET_RUN)
                     and (k not in ran or not _same_value(ran[k], v)))
     if differ:
         shown = ", ".join(f"{k} = {ran.get(k, '(unset)')!r} there, {config[k]!r} here"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -551,3 +552,21 @@ def test_a_runs_directory_of_another_protocol_is_refused_not_scored(tiny_bench, 
     err = capsys.readouterr().err
     assert "holds a finished run of" in err and "local-steps = 5 there, 6 here" in err
     assert sorted(p.stat().st_mtime_ns for p in (root / "runs").rglob("summary.json")) == before
+
+
+def test_a_finished_run_that_only_drew_its_plot_or_progress_still_counts(tiny_bench):
+    """Settings that cannot change a run's numbers (QUIET_RUN: the progress bar, plot.png) do
+    not make a finished run of another protocol: a runs directory made before bench runs
+    stopped drawing plots is scored, not refused."""
+    from fedcluster_app.bench.matrix import QUIET_RUN
+    from fedcluster_app.bench.runner import RunsDirMismatch, _check_same_run
+
+    root, _ = tiny_bench
+    out = next((root / "runs").rglob("summary.json")).parent
+    summary = json.loads((out / "summary.json").read_text())
+    assert {k: summary["config"][k] for k in QUIET_RUN} == QUIET_RUN   # what bench runs set
+    config = dict(summary["config"])
+    drew = {**summary, "config": {**config, "plot": True, "progress": True}}
+    _check_same_run(SimpleNamespace(name="cell"), config, drew, out)    # no refusal
+    with pytest.raises(RunsDirMismatch, match="local-steps"):
+        _check_same_run(SimpleNamespace(name="cell"), {**config, "local-steps": 99}, drew, out)
