@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import os
 import shlex
 import time
@@ -185,6 +186,20 @@ def report_folder(report: Path) -> Path:
 
 
 def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """``fedcluster bench``; SIGINT or SIGTERM stops it with every run it started (exit 130 or
+    143), keeping the finished runs for the same command to continue from."""
+    from fedcluster_app.core.stopping import Interrupted, stop_signals
+
+    try:
+        with stop_signals():
+            return _run(args, argv)
+    except (Interrupted, KeyboardInterrupt) as ex:
+        print(f"bench: stopped by {getattr(ex, 'signame', 'SIGINT')}; the finished runs in "
+              f"{args.runs_dir} are kept: the same command goes on from them", file=sys.stderr)
+        return getattr(ex, "exit_code", 130)
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from fedcluster_app.bench import report as R
     from fedcluster_app.bench.runner import run_dir, run_matrix
 

@@ -178,6 +178,20 @@ def process_pool(workers: int) -> cf.ProcessPoolExecutor:
     return cf.ProcessPoolExecutor(workers, mp_context=ctx)
 
 
+def stop_workers(pool: cf.ProcessPoolExecutor) -> None:
+    """No run outlives the bench: the queued runs are cancelled and the running ones stopped
+    (a SIGTERM to the bench alone would leave its workers running the queue's next runs,
+    writing into the runs directory under a bench started again). A stopped run's directory
+    has no finished summary: the next bench runs it again from round 1."""
+    # the executor names no public way to its processes before Python 3.14's terminate_workers
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        proc.terminate()
+    for proc in processes:
+        proc.join(timeout=10)
+
+
 def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed: bool = False,
                log: Callable[[str], None] = print,
                ray_address: str | None = None,
@@ -241,8 +255,8 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
             try:
                 for fut in cf.as_completed(futures):
                     finished(futures[fut], fut.result())
-            except KeyboardInterrupt:
-                pool.shutdown(cancel_futures=True)
+            except BaseException:   # Ctrl-C, SIGTERM (Interrupted), a failure of the pool
+                stop_workers(pool)
                 raise
 
     out_rows = []

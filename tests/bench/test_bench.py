@@ -570,3 +570,65 @@ def test_a_finished_run_that_only_drew_its_plot_or_progress_still_counts(tiny_be
     _check_same_run(SimpleNamespace(name="cell"), config, drew, out)    # no refusal
     with pytest.raises(RunsDirMismatch, match="local-steps"):
         _check_same_run(SimpleNamespace(name="cell"), {**config, "local-steps": 99}, drew, out)
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_bench_with_its_workers_and_the_same_command_goes_on(tmp_path):
+    """SIGTERM to `fedcluster bench --workers 2` alone (a job scheduler's stop): exit 143 and
+    its worker processes gone with it (they went on running the queue before), no row file
+    written; the same command then finishes the matrix, running again what was stopped."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    runs = tmp_path / "runs"
+    argv = ["bench", "--datasets", "mixture", "--shifts", "concept", "--patterns", "sudden",
+            "--priors", "uniform", "--strategies", "fedavg", "local", "--seeds", "0", "--runs-dir", str(runs), "--report", str(tmp_path / "doc" / "bench.md"),
+            "--set", "lr=0.1", "--set", "num-steps=3", "--set", "rounds-per-step=30",
+            "--workers", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "fedcluster_app.cli", *argv], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(runs.rglob("metrics.jsonl")):          # the workers are running runs
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.1)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-3000:]
+    assert "bench: stopped by SIGTERM" in err and "Traceback" not in err
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers), "a worker outlived the bench"
+    assert not (tmp_path / "doc" / "bench" / "runs.jsonl").exists()
+    from fedcluster_app.cli import main
+
+    assert main(argv) == 0
+    rows = R.read_rows(tmp_path / "doc" / "bench" / "runs.jsonl")
+    assert len(rows) == 2 * 2 and all(r["status"] == "completed" for r in rows)
