@@ -136,11 +136,21 @@ def _message_array(a: np.ndarray) -> Array:
     a = np.asarray(a)
     if _BY_REFERENCE and a.dtype.kind in "biuf":
         held = np.array(a, order="C", copy=True)
-        array = flower_fast.held_array(held, _dtype_name(held.dtype),
-                                       len(_npy_header(held)) + held.nbytes)
+        key = (held.dtype, held.shape)
+        layout = _HELD_LAYOUTS.get(key)
+        if layout is None:
+            layout = (_dtype_name(held.dtype), len(_npy_header(held)))
+            if len(_HELD_LAYOUTS) < _CACHE_LIMIT:
+                _HELD_LAYOUTS[key] = layout
+        array = flower_fast.held_array(held, layout[0], layout[1] + held.nbytes)
         if array is not None:
             return array
     return to_array(a)
+
+
+# (dtype, shape) -> (dtype name, .npy header length) of a held array: one look-up where the
+# name and the header cost two (hundreds of thousands of arrays in a KUE run)
+_HELD_LAYOUTS: dict[tuple[np.dtype, tuple[int, ...]], tuple[str, int]] = {}
 
 
 def pack_arrays(arrays: list[np.ndarray]) -> ArrayRecord:

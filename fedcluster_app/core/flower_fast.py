@@ -77,9 +77,9 @@ def held_array(held: np.ndarray, dtype: str, wire_bytes: int) -> Array | None:
     off the fast path (the caller then sends bytes)."""
     if not FAST_PATH:
         return None
-    array = new_array(dtype, tuple(held.shape), b"")
-    array.__dict__[_HELD] = held
-    array.__dict__[_WIRE_BYTES] = wire_bytes
+    array = Array.__new__(Array)    # new_array's Array and the two entries, in one update
+    array.__dict__.update(_is_dirty=True, dtype=dtype, shape=tuple(held.shape),
+                          stype="numpy.ndarray", data=b"", **{_HELD: held, _WIRE_BYTES: wire_bytes})
     return array
 
 

@@ -24,6 +24,7 @@ model that is not a one-hidden-layer MLP) uses the foundation's PyTorch path.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -72,8 +73,25 @@ def masked(x: np.ndarray, config: dict, mid: int) -> np.ndarray:
     mask = config.get(f"{MASK}.{mid}")
     if mask is None:
         return x
-    flat = np.asarray(x, dtype=np.float32).reshape(len(x), -1) * np.asarray(mask, dtype=np.float32)
-    return flat.reshape(np.shape(x))
+    flat = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    if flat.shape[1] == len(mask) <= _TILED_MASK_FEATURES:
+        # the same products, element by element: NumPy's broadcasting over a row of a few
+        # features costs ~10 us a call (a KUE run masks 100,000 training batches)
+        out = flat.reshape(-1) * _tiled_mask(tuple(mask), len(flat))
+    else:
+        out = flat * np.asarray(mask, dtype=np.float32)
+    return out.reshape(np.shape(x))
+
+
+_TILED_MASK_FEATURES = 64       # wider rows broadcast fast enough, and a tiled mask grows
+
+
+@lru_cache(maxsize=64)          # a KUE ensemble's masks x a client's few batch sizes
+def _tiled_mask(mask: tuple, rows: int) -> np.ndarray:
+    """``mask`` as float32, repeated for ``rows`` rows (read only: it is shared)."""
+    tiled = np.tile(np.asarray(mask, dtype=np.float32), rows)
+    tiled.flags.writeable = False
+    return tiled
 
 
 def model_proba(client: StreamClient, weights, x, config) -> np.ndarray:

@@ -527,3 +527,25 @@ def test_kue_replaces_its_lowest_kappa_model_each_step(tmp_path, schedule):
     masks = [v for k, v in log[0].items() if k.startswith("fd.mask.")]
     assert len(masks) == 10 and all(1 <= sum(m) <= 2 for m in masks)   # subspaces of the 2 features
     assert all(c["fd.bootstrap"] for c in log)
+
+
+@pytest.mark.parametrize("shape, mask", [
+    ((500, 2), [1.0, 0.0]),            # KUE on the paper's 2-feature data: the tiled mask
+    ((37, 3), [0, 1, 1]),              # integer 0/1 masks, float64 data with inf and nan
+    ((6, 4, 4), [1.0, 0.0] * 8),       # features of a sample flattened first
+    ((20, 100), [1.0, 0.0] * 50),      # wide rows: NumPy's broadcast
+    ((20, 2), [0.0]),                  # one mask value broadcast over every feature
+])
+def test_a_feature_mask_gives_numpys_broadcast_products_bit_for_bit(shape, mask):
+    from fedcluster_app.families.feddrift.client import masked
+
+    x = np.random.default_rng(3).standard_normal(shape) * 7
+    x.reshape(len(x), -1)[:3, 0] = [np.inf, np.nan, -np.inf]
+    x = x.astype(np.float64 if shape == (37, 3) else np.float32)
+    with np.errstate(invalid="ignore"):            # inf x 0 is nan, both ways
+        want = (np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+                * np.asarray(mask, dtype=np.float32)).reshape(shape)
+        got = masked(x, {"fd.mask.4": mask}, 4)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()          # -0.0 and nan where NumPy has them
+    assert masked(x, {}, 4) is x                    # no mask: the data as they are
