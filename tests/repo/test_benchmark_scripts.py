@@ -70,6 +70,23 @@ def test_model_exchange_script_times_the_three_cases(tmp_path):
     assert "layer arrays vs one flat array" in out
 
 
+def test_conv_stacking_script_trains_each_way_to_the_per_client_weights(tmp_path):
+    """The hand-written stacked ways (the script asserts its grouped convolutions' weights
+    within 1e-5 of one client after the other, and fails otherwise); the compiled ways, a
+    cold compile each, run only in the committed measurement."""
+    rows = tmp_path / "conv.jsonl"
+    ways = ["stacked vmap", "stacked vmap, channels-last", "grouped conv",
+            "grouped conv, channels-last"]
+    out = _run("bench_conv_stacking.py", "--clients", "3", "--repeats", "1", "--ways", *ways,
+               "--jsonl", str(rows))
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert [r["way"] for r in got] == ["per-client", *ways]
+    assert got[0]["ratio"] == 1.0 and got[0]["max_abs_diff"] == 0.0
+    assert all(r["clients"] == 3 and r["round_s"] > 0 and r["max_abs_diff"] <= 1e-5
+               and MACHINE <= set(r) for r in got)
+    assert "grouped conv, channels-last" in out
+
+
 def test_round_profile_script_splits_a_run_into_parts(tmp_path):
     rows = tmp_path / "profile.jsonl"
     out = _run("feddrift_round_profile.py", "--method", "KUE", "--rounds", "2",
