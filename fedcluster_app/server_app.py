@@ -13,6 +13,7 @@ from fedcluster_app.api import build_strategy
 from fedcluster_app.core.config import ConfigValue
 from fedcluster_app.core.experiment import load_experiment
 from fedcluster_app.core.results import read_summary, tracking
+from fedcluster_app.core.results.files import FINISHED
 from fedcluster_app.core.server.runner import resolve_out_dir
 from fedcluster_app.core.server.strategy import ClusteredStrategy
 
@@ -54,7 +55,7 @@ def finished_summary(strategy: ClusteredStrategy) -> dict | None:
     if strategy.resumed_from is None or strategy.round < strategy.num_rounds:
         return None
     summary = read_summary(strategy.resumed_from.parent) or {}
-    return summary if summary.get("status") in ("completed", "degraded") else None
+    return summary if summary.get("status") in FINISHED else None
 
 
 def run_server(grid: Grid, run_config: dict[str, ConfigValue]) -> dict:

@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, replace
 
 from fedcluster_app.core.config import ConfigValue, suggest
+from fedcluster_app.core.results.files import FINISHED
 
 DATASETS = ("mixture", "digits", "phishing", "imagesegments", "bananas", "shuttle")
 SHIFTS = ("label", "feature", "concept", "mix")
@@ -308,7 +309,7 @@ def tuned_lrs(rows: list[dict], score: str = "acc_next") -> dict[tuple[str, str]
     A method whose every rate failed on a data set has no entry."""
     by: dict[tuple[str, str, float], list[float]] = {}
     for r in rows:
-        value = r.get(score) if r.get("status") in ("completed", "degraded") else None
+        value = r.get(score) if r.get("status") in FINISHED else None
         by.setdefault((r["data"], r["strategy"], float(r["lr"])), []).append(
             float(value) if value is not None else -math.inf)
     best: dict[tuple[str, str], tuple[float, float]] = {}

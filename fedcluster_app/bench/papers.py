@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from fedcluster_app.bench import matrix as M
+from fedcluster_app.core.results.files import FINISHED
 from fedcluster_app.core.config import ConfigValue, suggest
 
 TIER = "papers"
@@ -623,7 +624,7 @@ def run(args, folder: Path, argv: list[str] | None = None) -> int:
     command = "fedcluster " + " ".join(shlex.quote(a) for a in (argv or ["bench"]))
     args.report.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(args.report, render(rows, p, command, info).encode())
-    ok = sum(1 for r in rows if r["status"] in ("completed", "degraded"))
+    ok = sum(1 for r in rows if r["status"] in FINISHED)
     print(f"bench: {ok} of {len(rows)} runs finished; {time.time() - t0:.0f} s; page "
           f"{args.report}, data {data_file}")
     return 0

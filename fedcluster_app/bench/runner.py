@@ -25,11 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedcluster_app.bench.matrix import (QUIET_RUN, Cell, bench_scenario, cannot_run, method,
-                                         num_concepts)
+from fedcluster_app.bench.matrix import (FINISHED, QUIET_RUN, Cell, bench_scenario, cannot_run,
+                                         method, num_concepts)
 from fedcluster_app.bench.scores import score_run
 
-COMPLETED = ("completed", "degraded")
+COMPLETED = FINISHED
 
 
 class RunsDirMismatch(ValueError):

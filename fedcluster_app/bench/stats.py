@@ -45,12 +45,12 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from fedcluster_app.bench.matrix import SHIFTS
+from fedcluster_app.bench.matrix import FINISHED, SHIFTS
 from fedcluster_app.bench.scores import return_scores
 from fedcluster_app.core.user_text import suggest
 
 #: the statuses of a finished run (a degraded run finished with some clients failing)
-OK = ("completed", "degraded")
+OK = FINISHED
 #: strategies reported beside the ranking, never in it
 REFERENCES = ("oracle", "local")
 ALPHA = 0.05

@@ -56,6 +56,8 @@ REQUIRED_SUMMARY_KEYS = (
 #: on the way, ``reason`` says what); failed (it stopped, ``error`` / ``reason`` say why);
 #: interrupted (stopped by a signal, ``resume_command`` continues it)
 STATUSES = ("completed", "degraded", "failed", "interrupted")
+#: the statuses of a run that ran to its end: what is scored and never run again
+FINISHED = STATUSES[:2]
 
 # Optional per-round keys whose type the recorder checks when they are present.
 _COUNT_KEYS = ("bytes_up", "bytes_down", "failures", "drifted_clients", "models_allocated")
