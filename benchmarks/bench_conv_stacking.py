@@ -7,6 +7,8 @@ This script trains one round of the same jobs as that script (100 samples a clie
 steps of 32, lr 0.05) at each client count, in one process, each of these ways:
 
 * ``per-client``: one client after the other (``batched.run_jobs``): the reference, ratio 1;
+* ``batched``: what the package's batched engine runs (``batched.run_jobs_batched``, by its
+  rule: grouped convolutions in programs of ``grouped_cnn.PROGRAM_CLIENTS`` for this CNN);
 * ``stacked vmap``: the package's stacked program, forced (``batched.stacking_forced``);
 * ``stacked vmap, script's loop``: the same program written here (the control for the next);
 * ``stacked vmap, channels-last``: that loop with the inputs and convolution weights in
@@ -49,7 +51,7 @@ from harness import load_average, machine, parser, write_rows
 
 #: the built-in CNN's inputs the script can stack (``bench_batching``'s names)
 CNN_MODELS = [name for name in MODELS if name.startswith("cnn ")]
-WAYS = ("per-client", "stacked vmap", "stacked vmap, script's loop",
+WAYS = ("per-client", "batched", "stacked vmap", "stacked vmap, script's loop",
         "stacked vmap, channels-last", "grouped conv", "grouped conv, channels-last",
         "compiled per-client", "compiled stacked vmap")
 PROGRAMS_OF = "grouped conv, channels-last, programs of "
@@ -209,6 +211,8 @@ def round_fn(way: str, jobs, st: Stacked):
 
     if way == "per-client":
         return lambda: [r.weights for r in batched.run_jobs(jobs)]
+    if way == "batched":
+        return lambda: [r.weights for r in batched.run_jobs_batched(jobs)]
     if way == "stacked vmap":
         def forced():
             with batched.stacking_forced():
@@ -271,7 +275,7 @@ def measure(model: str, jobs, st: Stacked, ways: list[str], repeats: int,
     for way in fns:
         steady = statistics.median(times[way])
         diff = max_diff(weights[way], weights["per-client"])
-        if way.startswith("grouped conv"):
+        if way.startswith("grouped conv") or way == "batched":
             assert diff <= GROUPED_TOLERANCE, f"{way}: weights differ by {diff:.2e}"
         row = rows[way]
         row.update(round_s=round(steady, 4), first_round_s=round(first[way], 4),

@@ -331,7 +331,7 @@ def grouped_pays(spec: ModelSpec, device: str, cfg: TrainConfig, steps: list[int
     """Whether jobs with these step counts stack as grouped convolutions
     (``core/client/grouped_cnn.py``, in programs of ``grouped_cnn.PROGRAM_CLIENTS``): more
     than one job of the built-in CNN trained with SGD on a CPU where ``vmap`` stacking does
-    not pay (above ``CPU_STACKED_MACS``), where grouped programs measured 0.56-0.70x one by
+    not pay (above ``CPU_STACKED_MACS``), where grouped programs measured 0.56-0.77x one by
     one. Like ``stacking_pays`` a rule of the model, the device and the config, never a
     timing; ``stacking_forced`` (which measures ``vmap``) turns it off."""
     if getattr(_FORCE, "active", False) or len(steps) < 2:

@@ -25,7 +25,7 @@ from fedcluster_app.core.models import CNN, ModelSpec
 #: clients per grouped program: the cost of a grouped convolution per client grows with the
 #: clients in it (one program of 50 took 1.13-1.31x one by one). On the CNN on 1x28x28
 #: (benchmarks/bench_conv_stacking.py --program-clients, 2 cores of an AMD EPYC), programs of
-#: 5 took 0.56-0.63x one by one at 10 clients and 0.59-0.70x at 50 (of 2: 0.57-0.64 / 0.46-0.59,
+#: 5 took 0.56-0.77x one by one at 10 clients and 0.59-0.71x at 50 (of 2: 0.57-0.64 / 0.46-0.59,
 #: of 10: 0.59-0.87 / 0.72-0.73, of 20: 0.77 / 0.84; of 1, channels-last alone: 1.00 / 0.99);
 #: on 1x16x16, 0.50 / 0.53
 PROGRAM_CLIENTS = 5
