@@ -7,8 +7,10 @@ train once through the per-client path (``batched.run_jobs``, what ``batch-clien
 runs) and once through the batched program the engine would choose (``run_jobs_batched``);
 each is timed as the median of ``--repeats`` runs after one warm-up. ``ratio`` is batched /
 one by one (below 1: batching wins); ``stacked`` says whether the batched path stacked the
-jobs (its rule, ``batched.stacking_pays``) or ran them one by one itself; ``forced_ratio`` is
-what stacking would have cost had it been forced, the measurement the rule is drawn from.
+jobs with ``vmap`` (its rule, ``batched.stacking_pays``), ``grouped`` whether it stacked them
+as grouped convolutions instead (``batched.grouped_pays``: the built-in CNN where ``vmap``
+loses), else it ran them one by one itself; ``forced_ratio`` is what ``vmap`` stacking would
+have cost had it been forced, the measurement the rule is drawn from.
 
     python benchmarks/bench_batching.py [--clients 10 50] [--repeats 3] [--jsonl FILE]
 """
@@ -87,12 +89,14 @@ def main() -> None:
             row = {"model": name, "clients": clients, "one_by_one_s": round(alone, 4),
                    "batched_s": round(chosen, 4), "ratio": round(chosen / alone, 3),
                    "stacked": batched.stacking_pays(spec, "cpu", [5] * clients),
+                   "grouped": batched.grouped_pays(spec, "cpu", cfg, [5] * clients),
                    "forced_ratio": round(forced / alone, 3),
                    "activation_per_sample": batched.activation_bytes(spec, 1) // 4,
                    "macs_per_sample": batched.macs_per_sample(spec),
                    **machine(load_start)}
             print(f"{name:20s} {clients:3d} clients: one by one {alone:7.3f} s, batched "
-                  f"{chosen:7.3f} s (x{chosen / alone:.2f}; stacked {row['stacked']}), forced "
+                  f"{chosen:7.3f} s (x{chosen / alone:.2f}; stacked {row['stacked']}, grouped "
+                  f"{row['grouped']}), forced "
                   f"x{forced / alone:.2f}", flush=True)
             rows.append(row)
     write_rows(args.jsonl, rows)

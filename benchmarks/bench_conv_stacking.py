@@ -7,6 +7,8 @@ This script trains one round of the same jobs as that script (100 samples a clie
 steps of 32, lr 0.05) at each client count, in one process, each of these ways:
 
 * ``per-client``: one client after the other (``batched.run_jobs``): the reference, ratio 1;
+* ``batched``: what the package's batched engine runs (``batched.run_jobs_batched``, by its
+  rule: grouped convolutions in programs of ``grouped_cnn.PROGRAM_CLIENTS`` for this CNN);
 * ``stacked vmap``: the package's stacked program, forced (``batched.stacking_forced``);
 * ``stacked vmap, script's loop``: the same program written here (the control for the next);
 * ``stacked vmap, channels-last``: that loop with the inputs and convolution weights in
@@ -22,6 +24,9 @@ steps of 32, lr 0.05) at each client count, in one process, each of these ways:
   an empty cache; the process's first one also loads the compiler), and ``payback_rounds``
   the rounds after which it has paid for itself against the per-client reference (none when
   it never does).
+* ``grouped conv, channels-last, programs of N`` (``--program-clients N [N ...]``): the same
+  grouped convolutions, the clients split into programs of at most N (in order, as the
+  package splits a group), one after the other.
 
 Each way is timed as the median of ``--repeats`` rounds after a warm-up round, the ways taking
 turns round by round so that a change of the machine's load falls on all alike (``round_s``;
@@ -29,7 +34,8 @@ turns round by round so that a change of the machine's load falls on all alike (
 1: the way wins); ``max_abs_diff`` is the largest difference of a weight after the round from
 the per-client one. One torch thread, as the engine runs clients (``training.limit_threads``).
 
-    python benchmarks/bench_conv_stacking.py [--clients 10 50] [--repeats 3] [--jsonl FILE]
+    python benchmarks/bench_conv_stacking.py [--model "cnn 1x28x28"] [--clients 10 50]
+        [--repeats 3] [--ways WAY ...] [--program-clients N ...] [--jsonl FILE]
 """
 
 from __future__ import annotations
@@ -40,13 +46,15 @@ import time
 
 import numpy as np
 
-from bench_batching import jobs_for
+from bench_batching import MODELS, jobs_for
 from harness import load_average, machine, parser, write_rows
 
-MODEL = dict(kind="cnn", input_shape=(1, 28, 28), num_classes=10)
-WAYS = ("per-client", "stacked vmap", "stacked vmap, script's loop",
+#: the built-in CNN's inputs the script can stack (``bench_batching``'s names)
+CNN_MODELS = [name for name in MODELS if name.startswith("cnn ")]
+WAYS = ("per-client", "batched", "stacked vmap", "stacked vmap, script's loop",
         "stacked vmap, channels-last", "grouped conv", "grouped conv, channels-last",
         "compiled per-client", "compiled stacked vmap")
+PROGRAMS_OF = "grouped conv, channels-last, programs of "
 #: the largest difference from the per-client weights the grouped convolutions may make
 GROUPED_TOLERANCE = 1e-5
 
@@ -129,41 +137,11 @@ def vmap_round(st: Stacked, channels_last: bool) -> list[list[np.ndarray]]:
     return st.weights(params)
 
 
-def grouped_forward(model, params: dict, x, J: int, channels_last: bool):
-    """The built-in CNN's forward pass for J clients at once: ``x`` is (batch, J x channels,
-    H, W); a convolution is one grouped convolution of the J weights, a linear layer one
-    batched product; returns the logits (J, batch, classes)."""
-    import torch
-    from torch.nn import functional as F
-
-    layers = [(f"features.{i}", m) for i, m in enumerate(model.features)]
-    layers.append(("classifier", model.classifier))
-    h = x
-    for name, layer in layers:
-        if isinstance(layer, torch.nn.Conv2d):
-            w = params[f"{name}.weight"].flatten(0, 1)        # (J x out, in, kh, kw)
-            if channels_last:
-                w = w.contiguous(memory_format=torch.channels_last)
-            h = F.conv2d(h, w, params[f"{name}.bias"].flatten(), layer.stride, layer.padding,
-                         layer.dilation, groups=J)
-        elif isinstance(layer, torch.nn.ReLU):
-            h = F.relu(h)
-        elif isinstance(layer, torch.nn.MaxPool2d):
-            h = F.max_pool2d(h, layer.kernel_size, layer.stride, layer.padding)
-        elif isinstance(layer, torch.nn.Flatten):             # client j's channels are a block
-            h = h.reshape(h.shape[0], J, -1).transpose(0, 1)   # (J, batch, features)
-        elif isinstance(layer, torch.nn.Linear):
-            h = torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), h,
-                              params[f"{name}.weight"].transpose(1, 2))
-        else:
-            raise ValueError(f"grouped convolutions: no stacked form for {type(layer).__name__}")
-    return h
-
-
 def grouped_round(st: Stacked, channels_last: bool) -> list[list[np.ndarray]]:
     import torch
     from torch.nn import functional as F
 
+    from fedcluster_app.core.client.grouped_cnn import grouped_forward
     from fedcluster_app.core.training import make_optimizer
 
     params = st.params()
@@ -181,6 +159,11 @@ def grouped_round(st: Stacked, channels_last: bool) -> list[list[np.ndarray]]:
         per_sample.view(J, B).mean(1).sum().backward()        # each client's mean, summed
         opt.step()
     return st.weights(params)
+
+
+def grouped_programs_round(programs: list[Stacked]) -> list[list[np.ndarray]]:
+    """Grouped convolutions in channels-last, one program after the other."""
+    return [w for st in programs for w in grouped_round(st, channels_last=True)]
 
 
 def compiled_step(model, lr: float, stacked: bool):
@@ -228,6 +211,8 @@ def round_fn(way: str, jobs, st: Stacked):
 
     if way == "per-client":
         return lambda: [r.weights for r in batched.run_jobs(jobs)]
+    if way == "batched":
+        return lambda: [r.weights for r in batched.run_jobs_batched(jobs)]
     if way == "stacked vmap":
         def forced():
             with batched.stacking_forced():
@@ -235,6 +220,10 @@ def round_fn(way: str, jobs, st: Stacked):
         return forced
     if way.startswith("stacked vmap, "):
         return lambda: vmap_round(st, way.endswith("channels-last"))
+    if way.startswith(PROGRAMS_OF):
+        cap = int(way.removeprefix(PROGRAMS_OF))
+        programs = [Stacked(jobs[i:i + cap]) for i in range(0, len(jobs), cap)]
+        return lambda: grouped_programs_round(programs)
     if way.startswith("grouped conv"):
         return lambda: grouped_round(st, way.endswith("channels-last"))
     stacked = way == "compiled stacked vmap"
@@ -258,12 +247,13 @@ def cold_compiles(compiling: bool):
         yield
 
 
-def measure(jobs, st: Stacked, ways: list[str], repeats: int, load_start) -> list[dict]:
+def measure(model: str, jobs, st: Stacked, ways: list[str], repeats: int,
+            load_start) -> list[dict]:
     """One row per way: a warm-up round each, then ``repeats`` rounds of every way in turn
     (so that a change of the machine's load falls on all ways alike), their median."""
     fns, first, weights, rows = {}, {}, {}, {}
     for way in ways:
-        rows[way] = {"way": way, "clients": st.J, "repeats": repeats}
+        rows[way] = {"way": way, "model": model, "clients": st.J, "repeats": repeats}
         try:
             fns[way] = round_fn(way, jobs, st)
             t0 = time.perf_counter()
@@ -285,7 +275,7 @@ def measure(jobs, st: Stacked, ways: list[str], repeats: int, load_start) -> lis
     for way in fns:
         steady = statistics.median(times[way])
         diff = max_diff(weights[way], weights["per-client"])
-        if way.startswith("grouped conv"):
+        if way.startswith("grouped conv") or way == "batched":
             assert diff <= GROUPED_TOLERANCE, f"{way}: weights differ by {diff:.2e}"
         row = rows[way]
         row.update(round_s=round(steady, 4), first_round_s=round(first[way], 4),
@@ -309,21 +299,28 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS,
                     help="the ways to time (per-client, the reference, is always timed)")
+    ap.add_argument("--program-clients", type=int, nargs="+", default=[], metavar="N",
+                    help="also time grouped convolutions in channels-last in programs of at "
+                         "most N clients each")
+    ap.add_argument("--model", default="cnn 1x28x28", choices=CNN_MODELS)
     args = ap.parse_args()
+    if any(n < 1 for n in args.program_clients):
+        ap.error("--program-clients: a program holds at least 1 client")
     from fedcluster_app.core.config import TrainConfig
     from fedcluster_app.core.models import ModelSpec
     from fedcluster_app.core.training import limit_threads
 
     limit_threads()
     load_start = load_average()
-    spec = ModelSpec(**MODEL)
+    spec = ModelSpec(**MODELS[args.model])
     cfg = TrainConfig(optimizer="sgd", lr=0.05, local_steps=5, batch_size=32)
-    ways = ["per-client"] + [w for w in args.ways if w != "per-client"]
+    ways = (["per-client"] + [w for w in args.ways if w != "per-client"]
+            + [f"{PROGRAMS_OF}{n}" for n in args.program_clients])
     rows = []
     for clients in args.clients:
         jobs = jobs_for(spec, cfg, clients)
         with cold_compiles(any(w.startswith("compiled") for w in ways)):
-            rows += measure(jobs, Stacked(jobs), ways, args.repeats, load_start)
+            rows += measure(args.model, jobs, Stacked(jobs), ways, args.repeats, load_start)
     write_rows(args.jsonl, rows)
 
 

@@ -75,12 +75,13 @@ def test_conv_stacking_script_trains_each_way_to_the_per_client_weights(tmp_path
     within 1e-5 of one client after the other, and fails otherwise); the compiled ways, a
     cold compile each, run only in the committed measurement."""
     rows = tmp_path / "conv.jsonl"
-    ways = ["stacked vmap", "stacked vmap, channels-last", "grouped conv",
+    ways = ["batched", "stacked vmap", "stacked vmap, channels-last", "grouped conv",
             "grouped conv, channels-last"]
     out = _run("bench_conv_stacking.py", "--clients", "3", "--repeats", "1", "--ways", *ways,
-               "--jsonl", str(rows))
+               "--program-clients", "2", "--jsonl", str(rows))
     got = [json.loads(line) for line in rows.read_text().splitlines()]
-    assert [r["way"] for r in got] == ["per-client", *ways]
+    assert [r["way"] for r in got] == ["per-client", *ways,
+                                       "grouped conv, channels-last, programs of 2"]
     assert got[0]["ratio"] == 1.0 and got[0]["max_abs_diff"] == 0.0
     assert all(r["clients"] == 3 and r["round_s"] > 0 and r["max_abs_diff"] <= 1e-5
                and MACHINE <= set(r) for r in got)

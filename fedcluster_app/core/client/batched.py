@@ -13,7 +13,10 @@ training config, minibatch sizes) and each group trains at once:
   under ``vmap``: one forward and backward pass and one optimizer step per minibatch for all.
   The loss is the sum of the jobs' losses, so the gradient of each job's slice is that job's
   own gradient, and Adam and SGD (momentum, weight decay) act element by element, so one
-  optimizer over the stacked tensors is the jobs' own optimizers side by side.
+  optimizer over the stacked tensors is the jobs' own optimizers side by side. On a CPU, where
+  ``vmap``'s stacked kernels lose to one client at a time for larger models, the built-in CNN
+  trained with SGD runs the same program with grouped convolutions instead of ``vmap``
+  (``core/client/grouped_cnn.py``), in programs of a few clients.
 
 Jobs that continue an optimizer state (``optimizer-state = "step"``) stack in the NumPy kernel,
 which continues each row's own state; PyTorch jobs with a state train per client.
@@ -30,7 +33,7 @@ import contextlib
 import dataclasses
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -38,7 +41,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from fedcluster_app.core.client import kernels
+from fedcluster_app.core.client import grouped_cnn, kernels
 from fedcluster_app.core.config import TrainConfig
 from fedcluster_app.core.models import (
     ModelSpec,
@@ -130,8 +133,10 @@ def run_jobs_batched(jobs: Sequence[FitJob]) -> list[FitResult]:
             spec, cfg = group[0].spec, group[0].cfg
             each = stacked_job_bytes(spec, cfg)
             nbytes = [np.asarray(j.x).size * 4 + each for j in group]
-            for chunk in _chunks(steps, nbytes, memory_budget(group[0].device),
-                                 max_stacked_jobs(spec, cfg.batch_size)):
+            max_jobs = max_stacked_jobs(spec, cfg.batch_size)
+            if grouped_pays(spec, group[0].device, cfg, steps):
+                max_jobs = min(max_jobs, grouped_cnn.PROGRAM_CLIENTS)
+            for chunk in _chunks(steps, nbytes, memory_budget(group[0].device), max_jobs):
                 done = _stacked_or_split([group[k] for k in chunk])
                 for k, result in zip(chunk, done):
                     results[k] = result
@@ -268,9 +273,14 @@ def _forward_probe(spec: ModelSpec, batch_size: int) -> tuple[int, int]:
 
 
 def _stacked_or_split(jobs: list[FitJob]) -> list[FitResult]:
-    """The jobs as one stacked program when it pays, else one by one; a program too large
-    for the GPU splits in halves (each job's arithmetic is its own either way)."""
-    if not stacking_pays(jobs[0].spec, jobs[0].device, [len(j.batches) for j in jobs]):
+    """The jobs as one stacked program when it pays (``vmap``, or grouped convolutions where
+    only they pay), else one by one; a program too large for the GPU splits in halves (each
+    job's arithmetic is its own either way)."""
+    spec, device, cfg = jobs[0].spec, jobs[0].device, jobs[0].cfg
+    steps = [len(j.batches) for j in jobs]
+    if grouped_pays(spec, device, cfg, steps):
+        return _torch_stacked(jobs, grouped_cnn.job_losses)
+    if not stacking_pays(spec, device, steps):
         return [_torch_one(job) for job in jobs]
     try:
         return _torch_stacked(jobs)
@@ -293,26 +303,40 @@ def chunk_pays(steps: list[int]) -> bool:
     return len(steps) > 1 and sum(steps) > BATCHED_STEP_COST * max(steps)
 
 
-#: on a CPU, stacking pays for models of at most this many multiply-adds per sample: a small
-#: model's step is mostly per-call overhead, which one stacked program pays once for all
-#: clients; a larger one is compute-bound, and the stacked (batched-matmul, grouped
+#: on a CPU, stacking with ``vmap`` pays for models of at most this many multiply-adds per
+#: sample: a small model's step is mostly per-call overhead, which one stacked program pays
+#: once for all clients; a larger one is compute-bound, and vmap's stacked (batched-matmul,
 #: convolution) kernels are slower than the per-client ones. Measured with
 #: benchmarks/bench_batching.py (docs/operations/performance.md): stacked / one by one at
 #: 10 and 50 clients was 0.1-0.6 up to ~92k (MLP 784-64, the CNN on 8x8), about 1.0 at
 #: ~100k-370k (MLP 784-128, the CNN on 16x16), 1.1-1.5 above (MLP 784-200, the CNN on 28x28).
+#: The built-in CNN above it stacks another way, as grouped convolutions (``grouped_pays``).
 CPU_STACKED_MACS = 100_000
 
 
 def stacking_pays(spec: ModelSpec, device: str, steps: list[int]) -> bool:
-    """Whether one stacked PyTorch program of jobs with these step counts beats them one by
-    one: enough steps to share (``chunk_pays``) and, on a CPU, a model small enough
-    (``CPU_STACKED_MACS``). A rule of the model and the device, never a timing, so a seeded
-    run trains the same way on every machine. ``stacking_forced`` overrides it (to measure)."""
+    """Whether one stacked PyTorch program (``vmap``) of jobs with these step counts beats
+    them one by one: enough steps to share (``chunk_pays``) and, on a CPU, a model small
+    enough (``CPU_STACKED_MACS``). A rule of the model and the device, never a timing, so a
+    seeded run trains the same way on every machine. ``stacking_forced`` overrides it (to
+    measure). Where it says no, ``grouped_pays`` may still stack the built-in CNN."""
     if getattr(_FORCE, "active", False):
         return len(steps) > 1
     if str(device).startswith("cpu") and macs_per_sample(spec) > CPU_STACKED_MACS:
         return False
     return chunk_pays(steps)
+
+
+def grouped_pays(spec: ModelSpec, device: str, cfg: TrainConfig, steps: list[int]) -> bool:
+    """Whether jobs with these step counts stack as grouped convolutions
+    (``core/client/grouped_cnn.py``, in programs of ``grouped_cnn.PROGRAM_CLIENTS``): more
+    than one job of the built-in CNN trained with SGD on a CPU where ``vmap`` stacking does
+    not pay (above ``CPU_STACKED_MACS``), where grouped programs measured 0.56-0.77x one by
+    one. Like ``stacking_pays`` a rule of the model, the device and the config, never a
+    timing; ``stacking_forced`` (which measures ``vmap``) turns it off."""
+    if getattr(_FORCE, "active", False) or len(steps) < 2:
+        return False
+    return grouped_cnn.applies(spec, device, cfg) and macs_per_sample(spec) > CPU_STACKED_MACS
 
 
 @lru_cache(maxsize=64)
@@ -379,7 +403,14 @@ def _stackable(spec: ModelSpec, device: str) -> bool:
         p.requires_grad for p in model.parameters())
 
 
-def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
+#: each job's loss on its minibatch, (jobs,), from the stacked parameters, minibatches
+#: (jobs, batch, ...) and labels, and the per-sample weights and minibatch sizes (or None: the
+#: jobs' plain means); the default is ``vmap`` over ``functional_call``
+JobLosses = Callable[[torch.nn.Module, dict, torch.Tensor, torch.Tensor,
+                      torch.Tensor | None, torch.Tensor | None], torch.Tensor]
+
+
+def _torch_stacked(jobs: list[FitJob], job_losses: JobLosses | None = None) -> list[FitResult]:
     if any(len(job.y) == 0 for job in jobs):
         raise ValueError("no training data")    # as local_train; the caller retries per client
     # longest first: at step s the jobs still training are a prefix, trained through views
@@ -403,16 +434,7 @@ def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
                    else {n: torch.stack([as_tensor(j.prox_center[i], device=dev) for j in jobs])
                          for i, n in enumerate(names)})
     opt = make_optimizer(list(params.values()), cfg)
-
-    def job_loss(p, xb, yb, wb, nb):
-        logits = torch.func.functional_call(model, p, (xb,))
-        if wb is None:
-            return F.cross_entropy(logits, yb)
-        # sample weights, and zeros on the padding of a shorter minibatch: its own mean
-        return (wb * F.cross_entropy(logits, yb, reduction="none")).sum() / nb
-
-    plain = torch.vmap(job_loss, in_dims=(0, 0, 0, None, None))
-    weighted = torch.vmap(job_loss, in_dims=(0, 0, 0, 0, 0))
+    job_losses = job_losses or _vmap_losses
     model.train()
     total = torch.zeros(J, dtype=torch.float64, device=dev)
     steps = [len(j.batches) for j in jobs]
@@ -422,11 +444,11 @@ def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
         live = {n: p[:a] for n, p in params.items()}
         opt.zero_grad(set_to_none=True)
         if mask is None and W is None:
-            losses = plain(live, X[rows_t], Y[rows_t], None, None)
+            losses = job_losses(model, live, X[rows_t], Y[rows_t], None, None)
         else:
             wb = torch.ones(rows_t.shape, device=dev) if mask is None else mask
             wb = wb if W is None else wb * W[rows_t]
-            losses = weighted(live, X[rows_t], Y[rows_t], wb, count)
+            losses = job_losses(model, live, X[rows_t], Y[rows_t], wb, count)
         total[:a] += losses.detach().double()
         loss = losses.sum()
         if anchors is not None:
@@ -446,6 +468,20 @@ def _torch_stacked(jobs: list[FitJob]) -> list[FitResult]:
     for j, r in zip(order, results):
         out[j] = r
     return out  # type: ignore[return-value]
+
+
+def _vmap_losses(model: torch.nn.Module, params: dict, xb: torch.Tensor, yb: torch.Tensor,
+                 wb: torch.Tensor | None, nb: torch.Tensor | None) -> torch.Tensor:
+    """``JobLosses`` by ``vmap`` over ``functional_call``: any stackable model."""
+    def job_loss(p, x, y, w, n):
+        logits = torch.func.functional_call(model, p, (x,))
+        if w is None:
+            return F.cross_entropy(logits, y)
+        # sample weights, and zeros on the padding of a shorter minibatch: its own mean
+        return (w * F.cross_entropy(logits, y, reduction="none")).sum() / n
+
+    dims = (0, 0, 0, None, None) if wb is None else (0, 0, 0, 0, 0)
+    return torch.vmap(job_loss, in_dims=dims)(params, xb, yb, wb, nb)
 
 
 def _step_plan(batches: list[list[np.ndarray]], offsets: np.ndarray, dev: str

@@ -378,6 +378,55 @@ def test_stacking_is_chosen_by_the_models_size_on_a_cpu_and_kept_on_a_gpu():
     assert not stacking_pays(small_mlp, "cpu", [5])   # one job: nothing to share
 
 
+def test_the_built_in_cnn_stacks_as_grouped_convolutions_where_vmap_does_not_pay():
+    """On a CPU the built-in CNN above CPU_STACKED_MACS trained with SGD stacks as grouped
+    convolutions (core/client/grouped_cnn.py); Adam, a GPU, another model or one job do not."""
+    from fedcluster_app.core.client.batched import grouped_pays, stacking_forced
+
+    sgd, adam = TrainConfig(optimizer="sgd"), TrainConfig(optimizer="adam")
+    mnist_cnn = ModelSpec("cnn", (1, 28, 28), 10)
+    steps = [5] * 10
+    assert grouped_pays(mnist_cnn, "cpu", sgd, steps)
+    assert not grouped_pays(mnist_cnn, "cpu", adam, steps)
+    assert not grouped_pays(mnist_cnn, "cuda:0", sgd, steps)      # vmap stacks there
+    assert not grouped_pays(mnist_cnn, "cpu", sgd, [5])
+    assert not grouped_pays(ModelSpec("cnn", (1, 8, 8), 10), "cpu", sgd, steps)   # vmap pays
+    assert not grouped_pays(ModelSpec("mlp", (784,), 10, hidden=200), "cpu", sgd, steps)
+    with stacking_forced():                                        # it measures vmap
+        assert not grouped_pays(mnist_cnn, "cpu", sgd, steps)
+
+
+@pytest.mark.parametrize("cfg", [
+    TrainConfig(optimizer="sgd", lr=0.05, local_steps=4, batch_size=16),
+    TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-3, local_steps=4,
+                batch_size=16),
+    # whole epochs over clients of different sizes: different step counts, short minibatches
+    TrainConfig(optimizer="sgd", lr=0.05, momentum=0.9, local_steps=0, local_epochs=2,
+                batch_size=16, prox_mu=0.1),
+], ids=["sgd", "momentum", "ragged-prox"])
+def test_grouped_cnn_programs_train_as_alone(monkeypatch, cfg):
+    from fedcluster_app.core.client import batched, grouped_cnn
+
+    calls = []
+    real = grouped_cnn.job_losses
+    monkeypatch.setattr(grouped_cnn, "job_losses",
+                        lambda model, p, xb, *a: calls.append(len(xb)) or real(model, p, xb, *a))
+    spec = ModelSpec("cnn", (1, 16, 16), 10)
+    for weighted in (False, True):
+        calls.clear()
+        jobs = _jobs(cfg, [40, 50, 60, 35, 45, 70, 30], spec=spec, weighted=weighted)
+        alone, together = run_jobs(jobs), run_jobs_batched(jobs)
+        assert calls and max(calls) == grouped_cnn.PROGRAM_CLIENTS   # programs of 5 and 2
+        assert _gap(alone, together) < 1e-5
+        assert np.allclose([r.loss for r in alone], [r.loss for r in together], rtol=1e-5)
+
+
+def test_the_built_in_cnn_with_adam_trains_one_by_one_on_a_cpu():
+    cfg = TrainConfig(optimizer="adam", lr=0.01, local_steps=3, batch_size=16)
+    jobs = _jobs(cfg, [40, 50, 60], spec=ModelSpec("cnn", (1, 16, 16), 10))
+    assert _gap(run_jobs(jobs), run_jobs_batched(jobs)) == 0.0
+
+
 def test_a_model_trained_one_by_one_by_the_rule_gives_the_per_client_results():
     cfg = TrainConfig(optimizer="sgd", lr=0.05, local_steps=3, batch_size=16)
     spec = ModelSpec("mlp", (784,), 10, hidden=200)
