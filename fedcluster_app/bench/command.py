@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import os
 import shlex
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,9 +199,34 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         return getattr(ex, "exit_code", 130)
 
 
+def dry_run(plan: Plan, runs_dir: Path, retry_failed: bool, reuse: list[dict] | None) -> int:
+    """List every run and whether it is finished, to run or cannot run. The scored runs are
+    listed at the rates the tuning chose once every tuning run is finished (their directories
+    are those rates'); before, at the protocol's rate, saying the tuning will choose."""
+    from fedcluster_app.bench.runner import rows_without_running, run_dir
+
+    cells, rates = plan.cells, ""
+    if plan.tuning:
+        tuned = rows_without_running(plan.tuning, runs_dir, retry_failed, reuse)
+        left = len(plan.tuning) - len(tuned)
+        if left:
+            rates = f" (lr: chosen by the tuning, {left} of its runs still to run)"
+        else:
+            cells, rates = M.with_tuned_lrs(cells, M.tuned_lrs(list(tuned.values()))), \
+                " (lr: tuned)"
+    tuning = set(plan.tuning)
+    for cell in plan.tuning + cells:
+        why = M.cannot_run(cell, cell.run_config(M.num_concepts(cell)))
+        done = (run_dir(runs_dir, cell) / "summary.json").is_file()
+        note = f" (tunes lr {cell.lr})" if cell in tuning else rates
+        print(f"{cell.name}{note}: " + (f"cannot run: {why}" if why else
+                                         "finished" if done else "to run"))
+    return 0
+
+
 def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from fedcluster_app.bench import report as R
-    from fedcluster_app.bench.runner import run_dir, run_matrix
+    from fedcluster_app.bench.runner import run_matrix
 
     args.runs_dir, args.report = output_paths(args)
     if args.tier == TIER_PAPERS:
@@ -210,21 +235,13 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         return papers.run(args, report_folder(args.report), argv)
     plan = plan_of(args)
     folder = report_folder(args.report)
-    if args.dry_run:
-        tuning = set(plan.tuning)
-        for cell in plan.tuning + plan.cells:
-            why = M.cannot_run(cell, cell.run_config(M.num_concepts(cell)))
-            done = (run_dir(args.runs_dir, cell) / "summary.json").is_file()
-            rate = (f" (tunes lr {cell.lr})" if cell in tuning
-                    else " (lr: tuned)" if plan.tuning else "")
-            print(f"{cell.name}{rate}: " + (f"cannot run: {why}" if why else
-                                             "finished" if done else "to run"))
-        return 0
     reuse = None
     if args.reuse_rows:   # the matrix's rows, and the tuning's that sit beside them
         tuned_beside = args.reuse_rows.parent / R.TUNING_FILE
         reuse = R.read_rows(args.reuse_rows) + (R.read_rows(tuned_beside)
                                                 if tuned_beside.is_file() else [])
+    if args.dry_run:
+        return dry_run(plan, args.runs_dir, args.retry_failed, reuse)
     log = lambda line: print(line, flush=True)
     t0, load0 = time.time(), os.getloadavg()[0]
     tuning_rows, tuned_ran = [], 0
@@ -263,7 +280,7 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
                     data_file, info, reading, tuning_rows)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(args.report, text.encode())
-    ok = sum(1 for r in rows if r["status"] in R.OK)
+    ok = sum(1 for r in rows if r["status"] in M.FINISHED)
     print(f"bench: {ok} of {len(rows)} runs finished; {time.time() - t0:.0f} s; leaderboard "
           f"{args.report}, data {data_file}")
     print("\n".join(R.leaderboard(rows)))

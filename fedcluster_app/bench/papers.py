@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from fedcluster_app.bench import matrix as M
-from fedcluster_app.core.results.files import FINISHED
+from fedcluster_app.bench.matrix import FINISHED
 from fedcluster_app.core.config import ConfigValue, suggest
 
 TIER = "papers"
@@ -449,11 +449,11 @@ def row(cell: PaperCell, status: str, reason: str | None = None, **scores: Any) 
 
 def score(cell: PaperCell, out: Path) -> dict:
     """A finished run's row: the paper's metrics, the effective recipe, the seconds it took."""
-    from fedcluster_app.bench.runner import COMPLETED, effective_recipe
+    from fedcluster_app.bench.runner import effective_recipe
     from fedcluster_app.core.results import load_run
 
     summary, records = load_run(out)
-    if summary.get("status") not in COMPLETED:
+    if summary.get("status") not in FINISHED:
         return row(cell, "failed", summary.get("error") or summary.get("reason"))
     entry = PAPERS[cell.paper]
     concepts = (M.bench_scenario(cell).concept_matrix()
@@ -484,8 +484,7 @@ def paper_section(name: str, rows: list[dict], methods: list[str],
                   same_as: dict[tuple[str, str], str]) -> list[str]:
     """One paper's section: its protocol, metrics, a table of every method (mean ± 95% interval
     over seeds per metric, the quoted numbers beside, seeds, seconds per run), the compute."""
-    from fedcluster_app.bench.stats import OK
-
+    
     entry = PAPERS[name]
     rows = [r for r in rows if r.get("paper") == name]
     by: dict[str, list[dict]] = {}
@@ -506,7 +505,7 @@ def paper_section(name: str, rows: list[dict], methods: list[str],
                          + [f"the same run as {other}", ""])
             continue
         rs = by.get(method_name, [])
-        ok = [r for r in rs if r["status"] in OK]
+        ok = [r for r in rs if r["status"] in FINISHED]
         if not ok:
             why = next((f"{r['status']}: {r.get('reason') or ''}".strip() for r in rs), "not run")
             table.append([method_name, why.replace("|", "/")] + ["-"] * (len(entry.metrics) - 1)

@@ -21,6 +21,7 @@ import numpy as np
 
 from fedcluster_app.bench import stats as S
 from fedcluster_app.bench.matrix import (
+    FINISHED,
     PATTERNS,
     PRIORS,
     SHIFTS,
@@ -28,7 +29,6 @@ from fedcluster_app.bench.matrix import (
     VALIDATION_SEED,
     method,
 )
-from fedcluster_app.bench.stats import OK
 from fedcluster_app.core.atomic import atomic_write_bytes
 from fedcluster_app.core.results.plots import new_figure, save_png
 
@@ -107,7 +107,7 @@ def return_ranking(rows: list[dict]) -> S.Ranking | str:
 
 def _status_cell(rs: list[dict]) -> str | None:
     """Why a strategy has no score on a scenario (cannot run / all seeds failed), else None."""
-    if any(r["status"] in OK for r in rs):
+    if any(r["status"] in FINISHED for r in rs):
         return None
     r = rs[0]
     reason = (r.get("reason") or "").replace("|", "\\|")
@@ -198,7 +198,7 @@ def _separated(r: S.Ranking) -> tuple[int, int]:
 
 def _seeds_line(rows: list[dict]) -> str:
     """How many seeds the cells have, and what fewer than the protocol's do to the page."""
-    per_cell = Counter((r["scenario"], r["strategy"]) for r in rows if r["status"] in OK)
+    per_cell = Counter((r["scenario"], r["strategy"]) for r in rows if r["status"] in FINISHED)
     if not per_cell:
         return "No finished run."
     least = min(per_cell.values())
@@ -324,7 +324,7 @@ def scenario_table(scenario_rows: dict[str, list[dict]], strategies: list[str],
         if why:
             table.append((math.inf, [s, why] + [""] * (13 + len(extra))))
             continue
-        ok = [r for r in rs if r["status"] in OK]
+        ok = [r for r in rs if r["status"] in FINISHED]
         mb = [(r["bytes_up"] or 0) + (r["bytes_down"] or 0) for r in ok]
         seeds = f"{len(ok)}" + (f" ({len(rs) - len(ok)} failed)" if len(ok) < len(rs) else "")
         rank = "ref" if s in references else (f"{ranks[s]:g}" if s in ranks
@@ -350,7 +350,7 @@ def scenario_table(scenario_rows: dict[str, list[dict]], strategies: list[str],
 def cannot_run_list(rows: list[dict]) -> list[str]:
     seen: dict[tuple[str, str], set[str]] = {}
     for r in rows:
-        if r["status"] not in OK:
+        if r["status"] not in FINISHED:
             seen.setdefault((r["strategy"], f"{r['status']}: {r.get('reason') or ''}"),
                             set()).add(r["scenario"])
     return [f"- **{s}** on {', '.join(sorted(scs))}: {why}"
@@ -398,7 +398,7 @@ def plot_rounds(rows: list[dict], data: str, strategies: list[str], out: Path,
         ax.grid(True, alpha=0.3)
         drift_rounds = set()
         for s in strategies:
-            ok = [r for r in by.get(key, {}).get(s, []) if r["status"] in OK]
+            ok = [r for r in by.get(key, {}).get(s, []) if r["status"] in FINISHED]
             if not ok:
                 continue
             series = [series_of(r["series"]) for r in ok]
@@ -436,7 +436,7 @@ def _one_seed(rows: list[dict], scenario: str, strategies: list[str], seed: int 
               ) -> tuple[int, dict[str, dict], list[str]] | None:
     """The finished runs of one scenario and seed (``None``: the first seed there is):
     (seed, strategy -> row, the strategies shown in order), or None when there is none."""
-    picked = [r for r in rows if r["scenario"] == scenario and r["status"] in OK
+    picked = [r for r in rows if r["scenario"] == scenario and r["status"] in FINISHED
               and (seed is None or r["seed"] == seed)]
     if not picked:
         return None
@@ -542,7 +542,7 @@ def plot_bytes(rows: list[dict], strategies: list[str], out: Path) -> Path:
     ax = fig.add_subplot(1, 1, 1)
     colours = _colours(strategies)
     for s in strategies:
-        ok = [r for r in rows if r["strategy"] == s and r["status"] in OK]
+        ok = [r for r in rows if r["strategy"] == s and r["status"] in FINISHED]
         if not ok:
             continue
         mb = np.mean([((r["bytes_up"] or 0) + (r["bytes_down"] or 0)) / 1e6 for r in ok])
@@ -693,7 +693,7 @@ def learning_rates_table(tuning_rows: list[dict]) -> list[str]:
     grid = sorted({float(r["lr"]) for r in tuning_rows})
     score = {}
     for r in tuning_rows:
-        if r["status"] in OK and r.get("acc_next") is not None:
+        if r["status"] in FINISHED and r.get("acc_next") is not None:
             score.setdefault((r["data"], r["strategy"], float(r["lr"])), []).append(r["acc_next"])
     table = []
     for s in strategies:
@@ -724,7 +724,7 @@ LAST_ROUNDS = 3
 def convergence_table(rows: list[dict]) -> list[str]:
     """Rounds and seconds to a target accuracy in the first step (before any drift), and what
     the last rounds of a step still gain: is the step long enough to converge?"""
-    ok = [r for r in rows if r["status"] in OK and r.get("series")]
+    ok = [r for r in rows if r["status"] in FINISHED and r.get("series")]
     if not ok:
         return []
     end1: dict[str, dict[str, list[float]]] = {}
@@ -796,7 +796,7 @@ def render(rows: list[dict], strategies: list[str], protocol: dict, command: str
     """A leaderboard page's markdown, e.g. ``docs/benchmark/README.md`` (every number from ``rows``)."""
     rows = S.with_event_scores(rows)
     by = group(rows)
-    ok = sum(1 for r in rows if r["status"] in OK)
+    ok = sum(1 for r in rows if r["status"] in FINISHED)
     seeds = sorted({r["seed"] for r in rows})
     rel = lambda p: Path(p).resolve().relative_to(doc.parent.resolve()).as_posix()
     lines = [

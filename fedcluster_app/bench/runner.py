@@ -29,7 +29,6 @@ from fedcluster_app.bench.matrix import (FINISHED, QUIET_RUN, Cell, bench_scenar
                                          method, num_concepts)
 from fedcluster_app.bench.scores import score_run
 
-COMPLETED = FINISHED
 
 
 class RunsDirMismatch(ValueError):
@@ -107,7 +106,7 @@ def reusable_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[Cell, d
         return {}
     by_key = {_key(r.get("scenario"), r.get("strategy"), r.get("lr"), r["seed"], r["protocol"],
                    r.get("settings")): r
-              for r in rows if r.get("status") in COMPLETED
+              for r in rows if r.get("status") in FINISHED
               and isinstance(r.get("protocol"), dict) and isinstance(r.get("seed"), int)}
     out = {}
     for cell in cells:
@@ -122,7 +121,7 @@ def _score(cell: Cell, out: Path) -> dict[str, Any]:
     from fedcluster_app.core.results import load_run
 
     summary, records = load_run(out)
-    if summary.get("status") not in COMPLETED:
+    if summary.get("status") not in FINISHED:
         return _row(cell, "failed", summary.get("error") or summary.get("reason"))
     rounds_per_step = int(summary.get("config", {}).get("rounds-per-step")
                           or dict(cell.protocol)["rounds-per-step"])
@@ -204,31 +203,7 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
     bench that stand for cells without a finished run directory (:func:`reusable_rows`).
     ``score`` (a cell and its run directory) and ``row`` (a cell, a status and a reason) make
     the rows: the matrix's, or another tier's for its own cells (``papers.py``)."""
-    from fedcluster_app.core.results import read_summary
-
-    rows: dict[Cell, dict[str, Any]] = {}
-    todo: dict[Cell, dict] = {}
-    earlier = reusable_rows(reuse or [], cells)
-    for cell in cells:
-        out = run_dir(runs_dir, cell)
-        summary = read_summary(out) or {}
-        status = summary.get("status")
-        if status in COMPLETED:
-            _check_same_run(cell, cell.run_config(num_concepts(cell)), summary, out)
-            continue
-        if status == "failed" and not retry_failed:
-            continue
-        if cell in earlier:
-            rows[cell] = earlier[cell]
-            continue
-        config = cell.run_config(num_concepts(cell))
-        why = cannot_run(cell, config)
-        if why:
-            rows[cell] = row(cell, "cannot run", why)
-            continue
-        # not finished: a stopped or failed run starts again from round 1
-        todo[cell] = {**config, "out-dir": str(out.resolve()), "overwrite": True}
-
+    rows, todo, earlier = _sort_out(cells, runs_dir, retry_failed, reuse, row)
     skipped = len(cells) - len(todo) - len(rows)
     reused = sum(cell in earlier for cell in rows)
     where = f"on the Ray cluster at {ray_address}" if ray_address else f"with {workers} worker(s)"
@@ -258,12 +233,55 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
             except BaseException:   # Ctrl-C, SIGTERM (Interrupted), a failure of the pool
                 stop_workers(pool)
                 raise
+    return [rows[cell] if cell in rows else _scored(cell, runs_dir, score, row)
+            for cell in cells], len(todo)
 
-    out_rows = []
+
+def rows_without_running(cells: list[Cell], runs_dir: Path, retry_failed: bool = False,
+                         reuse: list[dict[str, Any]] | None = None) -> dict[Cell, dict[str, Any]]:
+    """The rows :func:`run_matrix` would give the cells it would not run (finished or failed
+    run directories, earlier rows, cells that cannot run), running nothing: what a dry run
+    knows, such as the tuning's scores before the scored runs' rates are chosen."""
+    rows, todo, _ = _sort_out(cells, runs_dir, retry_failed, reuse, _row)
+    return {cell: rows[cell] if cell in rows else _scored(cell, runs_dir, _score, _row)
+            for cell in cells if cell not in todo}
+
+
+def _scored(cell: Cell, runs_dir: Path, score: Callable[[Cell, Path], dict[str, Any]],
+            row: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    out = run_dir(runs_dir, cell)
+    return (score(cell, out) if (out / "summary.json").is_file()
+            else row(cell, "failed", "the run left no summary.json"))
+
+
+def _sort_out(cells: list[Cell], runs_dir: Path, retry_failed: bool,
+              reuse: list[dict[str, Any]] | None, row: Callable[..., dict[str, Any]]
+              ) -> tuple[dict[Cell, dict[str, Any]], dict[Cell, dict], dict[Cell, dict]]:
+    """(rows known without scoring a run directory: earlier rows and cells that cannot run;
+    the run configs of the cells to run; the earlier rows that match a cell). A cell in
+    neither of the first two has a finished (or failed, kept) run directory to score."""
+    from fedcluster_app.core.results import read_summary
+
+    rows: dict[Cell, dict[str, Any]] = {}
+    todo: dict[Cell, dict] = {}
+    earlier = reusable_rows(reuse or [], cells)
     for cell in cells:
-        if cell not in rows:
-            out = run_dir(runs_dir, cell)
-            rows[cell] = (score(cell, out) if (out / "summary.json").is_file()
-                          else row(cell, "failed", "the run left no summary.json"))
-        out_rows.append(rows[cell])
-    return out_rows, len(todo)
+        out = run_dir(runs_dir, cell)
+        summary = read_summary(out) or {}
+        status = summary.get("status")
+        if status in FINISHED:
+            _check_same_run(cell, cell.run_config(num_concepts(cell)), summary, out)
+            continue
+        if status == "failed" and not retry_failed:
+            continue
+        if cell in earlier:
+            rows[cell] = earlier[cell]
+            continue
+        config = cell.run_config(num_concepts(cell))
+        why = cannot_run(cell, config)
+        if why:
+            rows[cell] = row(cell, "cannot run", why)
+            continue
+        # not finished: a stopped or failed run starts again from round 1
+        todo[cell] = {**config, "out-dir": str(out.resolve()), "overwrite": True}
+    return rows, todo, earlier

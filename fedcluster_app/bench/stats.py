@@ -49,8 +49,6 @@ from fedcluster_app.bench.matrix import FINISHED, SHIFTS
 from fedcluster_app.bench.scores import return_scores
 from fedcluster_app.core.user_text import suggest
 
-#: the statuses of a finished run (a degraded run finished with some clients failing)
-OK = FINISHED
 #: strategies reported beside the ranking, never in it
 REFERENCES = ("oracle", "local")
 ALPHA = 0.05
@@ -76,7 +74,7 @@ NO_DRIFT = "no drift"
 def with_event_scores(rows: list[dict]) -> list[dict]:
     """The rows with :func:`~fedcluster_app.bench.scores.return_scores` added to every finished
     run (rows that have them already are kept as they are)."""
-    return [{**r, **return_scores(r)} if r["status"] in OK and HEADLINE not in r else r
+    return [{**r, **return_scores(r)} if r["status"] in FINISHED and HEADLINE not in r else r
             for r in rows]
 
 
@@ -107,7 +105,7 @@ def seed_values(rows: list[dict], key: str) -> pd.DataFrame:
     """Columns scenario, strategy, seed, value: ``key`` of every finished run that has a finite
     one."""
     df = pd.DataFrame([(r["scenario"], r["strategy"], r["seed"], r.get(key))
-                       for r in rows if r["status"] in OK],
+                       for r in rows if r["status"] in FINISHED],
                       columns=["scenario", "strategy", "seed", "value"])
     df["value"] = pd.to_numeric(df["value"], errors="coerce")
     return df[np.isfinite(df["value"])]
@@ -158,7 +156,7 @@ def duplicate_blocks(rows: list[dict]) -> dict[str, str]:
     current- and next-step accuracy)."""
     runs: dict[str, list] = {}
     for r in rows:
-        if r["status"] in OK:
+        if r["status"] in FINISHED:
             runs.setdefault(r["scenario"], []).append(
                 (r["strategy"], r["seed"], r.get("acc_current"), r.get("acc_next")))
     first: dict[tuple, str] = {}

@@ -181,6 +181,30 @@ def test_bench_reuses_finished_runs(tiny_bench, capsys):
     assert (root / "doc" / "bench" / "runs.jsonl").read_text() == first
 
 
+def test_the_dry_run_lists_the_scored_runs_at_the_rates_the_tuning_chose(tiny_bench, tmp_path,
+                                                                       capsys):
+    """Once the tuning has run, a dry run names the scored runs' directories at the tuned
+    rates (those the bench fills), so finished runs are listed as finished; before, it says
+    the tuning will choose."""
+    from fedcluster_app.cli import main
+
+    root, argv = tiny_bench
+    tuned = {r["strategy"]: r["lr"] for r in R.read_rows(root / "doc" / "bench" / "runs.jsonl")}
+    assert main([*argv, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    scored = [line for line in lines if "(lr: tuned)" in line]
+    assert len(scored) == 6 and all(line.endswith(": finished") for line in scored), lines
+    for strategy, lr in tuned.items():
+        assert any(f"/{strategy}/lr{lr}/seed0 (lr: tuned)" in line for line in scored), lines
+    fresh = list(argv)
+    fresh[fresh.index("--runs-dir") + 1] = str(tmp_path / "none")
+    assert main([*fresh, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("(lr: chosen by the tuning, 6 of its runs still to run): to run" in line
+               for line in lines) == 6, lines
+    assert not (tmp_path / "none").exists()
+
+
 def test_rows_of_an_earlier_bench_stand_for_runs_whose_directories_are_gone(tiny_bench, capsys):
     from fedcluster_app.cli import main
 
