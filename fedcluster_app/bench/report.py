@@ -237,7 +237,9 @@ def statistics_section(rows: list[dict], cd_plots: list[str]) -> list[str]:
               "over all the pairs; the shift is the Hodges-Lehmann estimate (the median of "
               "the differences' Walsh averages). \"A beats B\" on this page means A is the "
               "higher with Holm's p below 0.05. `fedcluster_app.bench.stats.beats(rows, a, b)` "
-              "answers it for any pair."),
+              "answers it for any pair. Each \"A beats B\" of the reading carries a claim "
+              "marker, checked against these rows by the same test, on the scenarios it names "
+              "(`fedcluster_app/bench/claims.py`)."),
              ""]
     rs = rankings(rows)
     if isinstance(rs, str):
