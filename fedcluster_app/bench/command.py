@@ -203,7 +203,7 @@ def dry_run(plan: Plan, runs_dir: Path, retry_failed: bool, reuse: list[dict] | 
     """List every run and whether it is finished, to run or cannot run. The scored runs are
     listed at the rates the tuning chose once every tuning run is finished (their directories
     are those rates'); before, at the protocol's rate, saying the tuning will choose."""
-    from fedcluster_app.bench.runner import rows_without_running, run_dir
+    from fedcluster_app.bench.runner import rows_without_running, run_states
 
     cells, rates = plan.cells, ""
     if plan.tuning:
@@ -215,12 +215,9 @@ def dry_run(plan: Plan, runs_dir: Path, retry_failed: bool, reuse: list[dict] | 
             cells, rates = M.with_tuned_lrs(cells, M.tuned_lrs(list(tuned.values()))), \
                 " (lr: tuned)"
     tuning = set(plan.tuning)
-    for cell in plan.tuning + cells:
-        why = M.cannot_run(cell, cell.run_config(M.num_concepts(cell)))
-        done = (run_dir(runs_dir, cell) / "summary.json").is_file()
+    for cell, state in run_states(plan.tuning + cells, runs_dir, retry_failed, reuse).items():
         note = f" (tunes lr {cell.lr})" if cell in tuning else rates
-        print(f"{cell.name}{note}: " + (f"cannot run: {why}" if why else
-                                         "finished" if done else "to run"))
+        print(f"{cell.name}{note}: {state}")
     return 0
 
 

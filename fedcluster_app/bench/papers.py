@@ -484,7 +484,7 @@ def paper_section(name: str, rows: list[dict], methods: list[str],
                   same_as: dict[tuple[str, str], str]) -> list[str]:
     """One paper's section: its protocol, metrics, a table of every method (mean ± 95% interval
     over seeds per metric, the quoted numbers beside, seeds, seconds per run), the compute."""
-    
+
     entry = PAPERS[name]
     rows = [r for r in rows if r.get("paper") == name]
     by: dict[str, list[dict]] = {}
@@ -588,7 +588,7 @@ def run(args, folder: Path, argv: list[str] | None = None) -> int:
     """``fedcluster bench --tier papers``: run what is missing, write the page (``args.report``)
     and its rows (``folder``/runs.jsonl)."""
     from fedcluster_app.bench import report as R
-    from fedcluster_app.bench.runner import run_dir, run_matrix
+    from fedcluster_app.bench.runner import run_matrix, run_states
     from fedcluster_app.core.atomic import atomic_write_bytes
     from fedcluster_app.core.config import parse_assignment
 
@@ -596,17 +596,15 @@ def run(args, folder: Path, argv: list[str] | None = None) -> int:
     p = plan(args.papers, args.strategies, args.seeds,
              dict(parse_assignment(s) for s in args.set))
     if args.dry_run:
-        why: dict[tuple[str, str], str | None] = {}
-        for cell in p.cells:
+        states = run_states(p.cells, args.runs_dir, args.retry_failed)
+        can_run: dict[tuple[str, str], bool] = {}
+        for cell, state in states.items():
+            print(f"{cell.name}: {state}")
             key = (cell.paper, cell.strategy)
-            if key not in why:   # a strategy's refusal does not depend on the seed
-                why[key] = M.cannot_run(cell, cell.run_config(M.num_concepts(cell)))
-            done = (run_dir(args.runs_dir, cell) / "summary.json").is_file()
-            print(f"{cell.name}: " + (f"cannot run: {why[key]}" if why[key]
-                                      else "finished" if done else "to run"))
+            can_run[key] = can_run.get(key, False) or not state.startswith("cannot run")
         for (name, method_name), other in p.same_as.items():
             print(f"{name}/{method_name}: the same run as {name}/{other}")
-        print("\n".join(estimate(p, {k: not v for k, v in why.items()})))
+        print("\n".join(estimate(p, can_run)))
         return 0
     log = lambda line: print(line, flush=True)
     t0, load0 = time.time(), os.getloadavg()[0]

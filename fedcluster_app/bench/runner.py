@@ -30,7 +30,6 @@ from fedcluster_app.bench.matrix import (FINISHED, QUIET_RUN, Cell, bench_scenar
 from fedcluster_app.bench.scores import score_run
 
 
-
 class RunsDirMismatch(ValueError):
     """A runs directory holds a finished run of a cell with another run config."""
 
@@ -245,6 +244,30 @@ def rows_without_running(cells: list[Cell], runs_dir: Path, retry_failed: bool =
     rows, todo, _ = _sort_out(cells, runs_dir, retry_failed, reuse, _row)
     return {cell: rows[cell] if cell in rows else _scored(cell, runs_dir, _score, _row)
             for cell in cells if cell not in todo}
+
+
+def run_states(cells: list[Cell], runs_dir: Path, retry_failed: bool = False,
+               reuse: list[dict[str, Any]] | None = None) -> dict[Cell, str]:
+    """What :func:`run_matrix` would do with each cell, in words, running nothing (the dry
+    runs): "to run", "finished", "failed (kept: --retry-failed runs it again)", "from
+    earlier rows" or "cannot run: <why>"."""
+    from fedcluster_app.core.results import read_summary
+
+    bare = lambda cell, status, reason=None, **_: {"status": status, "reason": reason}
+    rows, todo, earlier = _sort_out(cells, runs_dir, retry_failed, reuse, bare)
+    states: dict[Cell, str] = {}
+    for cell in cells:
+        if cell in todo:
+            states[cell] = "to run"
+        elif cell in earlier and rows.get(cell) is earlier[cell]:
+            states[cell] = "from earlier rows"
+        elif cell in rows:
+            states[cell] = f"cannot run: {rows[cell]['reason']}"
+        else:
+            status = (read_summary(run_dir(runs_dir, cell)) or {}).get("status")
+            states[cell] = ("finished" if status in FINISHED
+                            else "failed (kept: --retry-failed runs it again)")
+    return states
 
 
 def _scored(cell: Cell, runs_dir: Path, score: Callable[[Cell, Path], dict[str, Any]],

@@ -390,6 +390,14 @@ def beats(rows: list[dict], a: str, b: str, alpha: float = ALPHA, key: str = HEA
     """Whether ``a`` beats ``b`` on ``key``: Wilcoxon over the blocks, Holm-corrected over every
     pair of the rows' ranked strategies, significant at ``alpha`` with ``a`` the higher.
     Returns (a beats b, Holm's p, blocks compared)."""
+    winner, p, blocks = pair_winner(rows, a, b, alpha, key, references)
+    return winner == a, p, blocks
+
+
+def pair_winner(rows: list[dict], a: str, b: str, alpha: float = ALPHA, key: str = HEADLINE,
+                references: Iterable[str] | None = None) -> tuple[str | None, float, int]:
+    """The pairwise test of :func:`beats` for ``a`` and ``b``, either way round: (the
+    strategy that wins, None within noise; Holm's p; blocks compared)."""
     r = ranking(rows, key, references)
     for name in (a, b):
         if name in r.references:
@@ -400,4 +408,5 @@ def beats(rows: list[dict], a: str, b: str, alpha: float = ALPHA, key: str = HEA
         raise ValueError(f"beats() compares two strategies; both are {a!r}")
     t = pairwise(r, alpha)
     row = t[((t["a"] == a) & (t["b"] == b)) | ((t["a"] == b) & (t["b"] == a))].iloc[0]
-    return bool(row["winner"] == a), float(row["p_holm"]), int(row["blocks"])
+    winner = row["winner"]
+    return (winner if winner in (a, b) else None), float(row["p_holm"]), int(row["blocks"])

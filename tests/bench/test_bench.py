@@ -205,6 +205,32 @@ def test_the_dry_run_lists_the_scored_runs_at_the_rates_the_tuning_chose(tiny_be
     assert not (tmp_path / "none").exists()
 
 
+def test_the_dry_run_tells_a_kept_failed_run_from_a_finished_one(tiny_bench, tmp_path, capsys):
+    """A failed run is kept (not run again) unless --retry-failed: the dry run says so, and
+    never lists it as finished."""
+    import json
+    import shutil
+
+    from fedcluster_app.cli import main
+
+    root, argv = tiny_bench
+    runs = tmp_path / "runs"
+    shutil.copytree(root / "runs", runs)
+    summary = next(runs.glob("mixture/concept/sudden/uniform/fedavg/lr*/seed0/summary.json"))
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": "failed"}))
+    name = "/".join(summary.parent.relative_to(runs).parts)
+    argv = list(argv)
+    argv[argv.index("--runs-dir") + 1] = str(runs)
+
+    def state(*extra: str) -> str:
+        assert main([*argv, "--dry-run", *extra]) == 0
+        return next(line for line in capsys.readouterr().out.splitlines()
+                    if line.startswith(name + " ")).split("): ", 1)[1]
+
+    assert state() == "failed (kept: --retry-failed runs it again)"
+    assert state("--retry-failed") == "to run"
+
+
 def test_rows_of_an_earlier_bench_stand_for_runs_whose_directories_are_gone(tiny_bench, capsys):
     from fedcluster_app.cli import main
 
