@@ -201,3 +201,41 @@ def test_a_return_is_scored_apart_from_the_next_step_average():
     assert return_scores(flat) == {"acc_next_no_return": .8, "acc_at_return": None,
                                    "acc_return_first_round": None}
     assert S.with_event_scores([row])[0][S.HEADLINE] == s["acc_next_no_return"]
+
+
+def test_the_priors_table_sets_label_skew_beside_drift():
+    """The scenarios run under both priors, compared prior by prior: under label skew Local
+    leads on the clients' own splits and trails on the class-balanced set."""
+    from fedcluster_app.bench import report as R
+
+    rows = []
+    for prior, local_own, local_global in (("uniform", .70, .70), ("dirichlet", .95, .60)):
+        for i in range(4):
+            for strategy, own, glob in (("a", .80, .80), ("b", .75, .75),
+                                        ("local", local_own, local_global)):
+                for seed in range(2):
+                    v = own + .01 * i + .002 * seed
+                    rows.append({"scenario": f"d/concept/p{i}/{prior}", "data": "d",
+                                 "shift": "concept", "pattern": f"p{i}", "prior": prior,
+                                 "strategy": strategy, "seed": seed, "status": "completed",
+                                 "acc_next_no_return": v, "acc_current": v,
+                                 "acc_global_next": glob + .01 * i + .002 * seed})
+    # a scenario under one prior only is not compared
+    rows += [{**r, "scenario": "d/label/p0/uniform", "shift": "label"} for r in rows[:6]]
+    lines = R.prior_section(rows)
+    assert lines[0].startswith("The 4 scenarios run under every class prior (uniform, dirichlet")
+    header, _, *body = lines[2:]
+    assert header.split(" | ")[1:] == ["uniform, next step: acc; gap",
+                                       "uniform, global, next step: acc; gap",
+                                       "dirichlet, next step: acc; gap",
+                                       "dirichlet, global, next step: acc; gap |"]
+    table = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in body}
+    assert list(table) == ["a", "b", "local"]
+    gaps = {name: [float(c.split("; ")[1].strip(" |")) for c in cells]
+            for name, cells in table.items()}
+    assert gaps["a"] == [0.0, 0.0, 0.0, 0.0] and gaps["b"] == pytest.approx([5.0] * 4)
+    # Local: 10 points behind under uniform priors; 15 ahead on its own split under label skew,
+    # 20 behind on the balanced set
+    assert gaps["local"] == pytest.approx([10.0, 10.0, -15.0, 20.0])
+    assert R.prior_section([r for r in rows if r["prior"] == "uniform"]) == [
+        "No scenario of these rows runs under more than one class prior."]
