@@ -200,8 +200,9 @@ def prior_section(rows: list[dict]) -> list[str]:
                     order += [name] if name not in order else []
     header = ["strategy", *(f"{prior}, {label}: acc; gap" for prior, label in cells)]
     return [(f"The {len(twins)} scenarios run under every class prior ({', '.join(priors)}: "
-             f"the same data, shift and drift pattern), each prior on its own. **{PRIOR_SCORES[0]}** is "
-             f"personalised: each client's own test split, with its own class prior; **"
+             f"the same data, shift and drift pattern), each prior on its own. "
+             f"**{PRIOR_SCORES[0]}** is personalised: each client's own test split, with its "
+             f"own class prior; **"
              f"{PRIOR_SCORES[1]}** is global: the same models on a class-balanced test set of the "
              f"client's concept. Under uniform priors the two agree, so what tells the methods "
              f"apart there is the drift; under Dirichlet skew a method that fits each client's "

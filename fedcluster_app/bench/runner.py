@@ -202,7 +202,7 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
     bench that stand for cells without a finished run directory (:func:`reusable_rows`).
     ``score`` (a cell and its run directory) and ``row`` (a cell, a status and a reason) make
     the rows: the matrix's, or another tier's for its own cells (``papers.py``)."""
-    rows, todo, earlier = _sort_out(cells, runs_dir, retry_failed, reuse, row)
+    rows, todo, earlier, _ = _sort_out(cells, runs_dir, retry_failed, reuse, row)
     skipped = len(cells) - len(todo) - len(rows)
     reused = sum(cell in earlier for cell in rows)
     where = f"on the Ray cluster at {ray_address}" if ray_address else f"with {workers} worker(s)"
@@ -241,7 +241,7 @@ def rows_without_running(cells: list[Cell], runs_dir: Path, retry_failed: bool =
     """The rows :func:`run_matrix` would give the cells it would not run (finished or failed
     run directories, earlier rows, cells that cannot run), running nothing: what a dry run
     knows, such as the tuning's scores before the scored runs' rates are chosen."""
-    rows, todo, _ = _sort_out(cells, runs_dir, retry_failed, reuse, _row)
+    rows, todo, _, _ = _sort_out(cells, runs_dir, retry_failed, reuse, _row)
     return {cell: rows[cell] if cell in rows else _scored(cell, runs_dir, _score, _row)
             for cell in cells if cell not in todo}
 
@@ -251,23 +251,19 @@ def run_states(cells: list[Cell], runs_dir: Path, retry_failed: bool = False,
     """What :func:`run_matrix` would do with each cell, in words, running nothing (the dry
     runs): "to run", "finished", "failed (kept: --retry-failed runs it again)", "from
     earlier rows" or "cannot run: <why>"."""
-    from fedcluster_app.core.results import read_summary
-
     bare = lambda cell, status, reason=None, **_: {"status": status, "reason": reason}
-    rows, todo, earlier = _sort_out(cells, runs_dir, retry_failed, reuse, bare)
-    states: dict[Cell, str] = {}
-    for cell in cells:
+    rows, todo, earlier, kept_failed = _sort_out(cells, runs_dir, retry_failed, reuse, bare)
+
+    def state(cell: Cell) -> str:
         if cell in todo:
-            states[cell] = "to run"
-        elif cell in earlier and rows.get(cell) is earlier[cell]:
-            states[cell] = "from earlier rows"
-        elif cell in rows:
-            states[cell] = f"cannot run: {rows[cell]['reason']}"
-        else:
-            status = (read_summary(run_dir(runs_dir, cell)) or {}).get("status")
-            states[cell] = ("finished" if status in FINISHED
-                            else "failed (kept: --retry-failed runs it again)")
-    return states
+            return "to run"
+        if cell in rows:   # an earlier row comes before a refusal (_sort_out)
+            return ("from earlier rows" if cell in earlier
+                    else f"cannot run: {rows[cell]['reason']}")
+        return ("failed (kept: --retry-failed runs it again)" if cell in kept_failed
+                else "finished")
+
+    return {cell: state(cell) for cell in cells}
 
 
 def _scored(cell: Cell, runs_dir: Path, score: Callable[[Cell, Path], dict[str, Any]],
@@ -279,14 +275,17 @@ def _scored(cell: Cell, runs_dir: Path, score: Callable[[Cell, Path], dict[str, 
 
 def _sort_out(cells: list[Cell], runs_dir: Path, retry_failed: bool,
               reuse: list[dict[str, Any]] | None, row: Callable[..., dict[str, Any]]
-              ) -> tuple[dict[Cell, dict[str, Any]], dict[Cell, dict], dict[Cell, dict]]:
+              ) -> tuple[dict[Cell, dict[str, Any]], dict[Cell, dict], dict[Cell, dict],
+                         set[Cell]]:
     """(rows known without scoring a run directory: earlier rows and cells that cannot run;
-    the run configs of the cells to run; the earlier rows that match a cell). A cell in
-    neither of the first two has a finished (or failed, kept) run directory to score."""
+    the run configs of the cells to run; the earlier rows that match a cell; the cells whose
+    failed run directory is kept). A cell in neither of the first two has a finished (or
+    failed, kept) run directory to score."""
     from fedcluster_app.core.results import read_summary
 
     rows: dict[Cell, dict[str, Any]] = {}
     todo: dict[Cell, dict] = {}
+    kept_failed: set[Cell] = set()
     earlier = reusable_rows(reuse or [], cells)
     for cell in cells:
         out = run_dir(runs_dir, cell)
@@ -296,6 +295,7 @@ def _sort_out(cells: list[Cell], runs_dir: Path, retry_failed: bool,
             _check_same_run(cell, cell.run_config(num_concepts(cell)), summary, out)
             continue
         if status == "failed" and not retry_failed:
+            kept_failed.add(cell)
             continue
         if cell in earlier:
             rows[cell] = earlier[cell]
@@ -307,4 +307,4 @@ def _sort_out(cells: list[Cell], runs_dir: Path, retry_failed: bool,
             continue
         # not finished: a stopped or failed run starts again from round 1
         todo[cell] = {**config, "out-dir": str(out.resolve()), "overwrite": True}
-    return rows, todo, earlier
+    return rows, todo, earlier, kept_failed
