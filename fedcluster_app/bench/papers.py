@@ -96,6 +96,12 @@ def next_step_pairs(omit_drift: bool) -> Scores:
     return compute
 
 
+def last_logged(key: str) -> Scores:
+    """A metric that is a ``metrics.jsonl`` key: its value in the last round that logs it."""
+    return lambda summary, records, concepts: next(
+        (_finite(r[key]) for r in reversed(records) if r.get(key) is not None), None)
+
+
 #: FlexCFL scores once every client has been seen: after the round-robin phase of N/K rounds
 FLEXCFL_FIRST_ROUNDS = 5
 
@@ -237,7 +243,8 @@ PAPERS: dict[str, Paper] = {
         "SGD lr 0.2",
         (Metric("final_global_accuracy", "global acc. (held-out clients)",
                 "the mean accuracy of the 3 held-out clients after the last round (FedRC's "
-                "primary metric)", summary_key("final_global_accuracy")),
+                "primary metric); not defined for Local, which has no model for a client that "
+                "never trained", summary_key("final_global_accuracy")),
          Metric("final_weighted_accuracy", "local acc.",
                 "the sample-weighted accuracy on the participants' own test splits after the "
                 "last round", summary_key("final_weighted_accuracy"))),
@@ -266,6 +273,11 @@ PAPERS: dict[str, Paper] = {
                 "concept, after the last round (the paper's main metric); logged by FedCCFA's "
                 "family only (fedccfa, fedrep here)",
                 summary_key("final_generalized_accuracy")),
+         Metric("final_balanced_accuracy", "class-balanced acc.",
+                "the same models as the personalised accuracy on a class-balanced test sample "
+                "of each client's current concept, after the last round: the generalised "
+                "accuracy's measure for every method (`balanced-test`)",
+                last_logged("balanced_accuracy_current")),
          Metric("final_accuracy", "personalised acc.",
                 "each client's own test split of the current step, after the last round (the "
                 "docs' 'own-split')", summary_key("final_accuracy"))),
@@ -280,6 +292,7 @@ PAPERS: dict[str, Paper] = {
          Reference("this project's reproduction, own-split (%)", "the same table",
                    "final_accuracy",
                    (("fedccfa", "94.6"), ("fedavg", "73.0"), ("fedrep", "94.8")))),
+        protocol=(("score-next-step", True), ("balanced-test", True)),
         percent=True,
         measured_cpu_s=8.3,
         measured="22 s of run time, 8.3 s of CPU, at load 8 on 2 cores"),

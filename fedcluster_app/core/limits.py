@@ -43,7 +43,7 @@ MAX_CLASSES = 10_000
 #: optimiser steps of one client and round, or of a strategy's own phase (local-steps,
 #: pretrain-iters, probe-steps, em-iters, bal-steps)
 MAX_ITERATIONS = 1_000_000
-#: epochs of one client and round (local-epochs, clf-epochs, ft-epochs)
+#: epochs of one client and round (local-epochs, clf-epochs, newcomer-epochs, ft-epochs)
 MAX_EPOCHS = 10_000
 #: restarts of a clustering (n-init, n-keep)
 MAX_RESTARTS = 1_000

@@ -99,6 +99,20 @@ def test_feddrifts_accuracy_omits_the_pairs_whose_concept_changes():
     assert P.after_round_robin("last10")({}, rounds, None) == pytest.approx(0.155)
 
 
+def test_fedccfas_protocol_gives_every_method_its_generalised_measure():
+    """FedCCFA's generalised accuracy is its family's own; every method on its protocol is also
+    scored on a class-balanced sample of its clients' concepts, read from the last round."""
+    entry = P.PAPERS["fedccfa"]
+    for method in M.STRATEGIES:
+        config = P.combine(entry, method)
+        assert config["balanced-test"] is True and config["score-next-step"] is True
+    metric = next(m for m in entry.metrics if m.key == "final_balanced_accuracy")
+    records = [{"round": 1, "balanced_accuracy_current": 0.5},
+               {"round": 2, "balanced_accuracy_current": 0.7}, {"round": 3}]
+    assert metric.compute({}, records, None) == pytest.approx(0.7)
+    assert metric.compute({}, [{"round": 1}], None) is None
+
+
 @pytest.fixture(scope="module")
 def tiny_papers(tmp_path_factory):
     """FedRC's and FedDrift's protocols, shortened to 2 rounds a step, through the CLI."""

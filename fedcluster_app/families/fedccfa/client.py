@@ -73,6 +73,7 @@ from fedcluster_app.families.fedccfa.wire import (
     EXTRA,
     GEN_ACCURACY,
     LAMBDA,
+    NEWCOMER,
     PENDING_ANCHOR_CLASSES,
     PENDING_ANCHORS,
     PENDING_CLASSES,
@@ -377,6 +378,23 @@ def _accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, fl
     return float(F.cross_entropy(logits, yt)), float((logits.argmax(1) == yt).float().mean())
 
 
+def _newcomer_classifier(client: StreamClient, config: dict, p: FamilyParams, model: nn.Module,
+                         step: int) -> None:
+    """A held-out client's personal classifier (it never trains, so it has none): the server's
+    phi(0) trained on its adaptation split for ``newcomer-epochs``, the extractor frozen, as
+    FedRep's new clients learn their head; used for this evaluation, never stored."""
+    features, head = split_model(model)
+    x, y = client.train_data(step)
+    if len(y) == 0:
+        return
+    cfg = client.train_config(config)
+    xt, yt = as_tensor(x, device=client.device), as_tensor(y, np.int64, client.device)
+    with torch.no_grad():
+        z = features(xt)
+    batches = _epochs(len(yt), cfg, p.newcomer_epochs, client.rng(int(config[P.ROUND]), 8_001))
+    _train_head(head, z, yt, batches, p.clf_lr, cfg)
+
+
 def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarray]]):
     _, weights, algo, p = _begin(client, config, models, EVAL_KIND)
     step = int(config[P.STEP])
@@ -388,6 +406,8 @@ def evaluate(client: StreamClient, config: dict, models: dict[int, list[np.ndarr
             with torch.no_grad():
                 head.weight.copy_(torch.from_numpy(clf[0]))
                 head.bias.copy_(torch.from_numpy(clf[1]))
+        elif config.get(NEWCOMER):
+            _newcomer_classifier(client, config, p, model, step)
     elif algo == "fedbabu" and p.ft_epochs > 0:
         x, y = client.train_data(step)
         rng = client.rng(int(config[P.ROUND]), 8_000)

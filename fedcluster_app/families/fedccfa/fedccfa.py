@@ -105,10 +105,19 @@ class _GeneralisedEval(ClusteredStrategy):
     def eval_task(self, cid: int) -> Task | None:
         return Task(models=[self.gid], config=self.client_config(cid))
 
+    def global_eval_task(self, cid: int) -> Task | None:
+        """A held-out client (it never trains) is scored as a newcomer through the family's
+        evaluate handler: FedCCFA and FedRep first learn its personal classifier on its
+        adaptation split over the global extractor (``NEWCOMER``: FedRep's new clients),
+        FedBABU fine-tunes as on every evaluation, Flash predicts with the global model."""
+        return Task(models=[self.gid], config={**self.client_config(cid), W.NEWCOMER: True})
+
     def check_reply(self, kind: str, reply: Reply) -> None:
         """FedCCFA's classifier/anchor record (``extra.ccfa``) is checked on its own: a bad
         record rejects that client's rows (logged), not its extractor."""
-        if kind == W.EVAL_KIND and W.GEN_ACCURACY in reply.metrics:
+        # the generalised accuracy is the participants' (a held-out client's is not its kind)
+        if (kind == W.EVAL_KIND and W.GEN_ACCURACY in reply.metrics
+                and reply.cid not in self.holdouts):
             self._gen[reply.cid] = float(reply.metrics[W.GEN_ACCURACY])
         if kind != W.TRAIN_KIND:
             return

@@ -54,6 +54,9 @@ class FedCCFAParams(FamilyParams):
                           "trains with the shared lr)", gt=0)
     clf_epochs: int = param(1, "personal classifier epochs (the extractor trains for the "
                             "shared local-steps / local-epochs)", ge=1, le=MAX_EPOCHS)
+    newcomer_epochs: int = param(10, "a held-out client (one that never trains) learns its "
+                                 "classifier for this many epochs of its adaptation split, the "
+                                 "extractor frozen, before it is scored", ge=1, le=MAX_EPOCHS)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ class FedRepParams(FamilyParams):
                           "the shared lr)", gt=0)
     clf_epochs: int = param(1, "classifier epochs (the extractor trains for the shared "
                             "local-steps / local-epochs)", ge=1, le=MAX_EPOCHS)
+    newcomer_epochs: int = param(10, "a held-out client (one that never trains) learns its "
+                                 "classifier for this many epochs of its adaptation split, the "
+                                 "extractor frozen, before it is scored", ge=1, le=MAX_EPOCHS)
 
 
 @dataclass(frozen=True)

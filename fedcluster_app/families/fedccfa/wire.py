@@ -25,6 +25,7 @@ PENDING_CLASSES = "ccfa-pending-classes"
 PENDING_ROWS = "ccfa-pending-rows"
 PENDING_ANCHOR_CLASSES = "ccfa-pending-anchor-classes"
 PENDING_ANCHORS = "ccfa-pending-anchors"
+NEWCOMER = "ccfa-newcomer"          # a held-out client: learns a classifier before it predicts
 
 # metric keys (client -> server)
 GEN_ACCURACY = "gen-accuracy"

@@ -441,3 +441,33 @@ def test_global_anchor_variant_sends_one_mean_anchor_per_class(tmp_path):
         np.testing.assert_allclose(anc, np.mean([extras[k][4] for k in range(4)], 0), atol=1e-5)
     with pytest.raises(ConfigError, match="fedccfa.anchors"):
         FedCCFA(experiment(tmp_path, **{"fedccfa.anchors": "nearest"}))
+
+
+@pytest.mark.parametrize("strategy", ["fedccfa", "fedrep", "fedbabu", "flash"])
+def test_held_out_clients_are_scored_as_newcomers(tmp_path, strategy):
+    """On a population with held-out clients (FedRC's), the family's evaluate handler scores
+    them (it once failed on every held-out client for want of the algorithm in the message);
+    FedCCFA and FedRep learn a newcomer's classifier on its adaptation split, so more epochs of
+    it score better than phi(0) alone; the generalised accuracy stays the participants'."""
+    import json
+    from pathlib import Path
+
+    def run(name: str, **extra):
+        cfg = {"scenario": "shifts-3", "num-clients": 6, "rounds-per-step": 6, "optimizer": "sgd",
+               "lr": 0.2, "local-steps": 0, "local-epochs": 1, "batch-size": 32,
+               "model": "mlp", "hidden": 32, "progress": False, "plot": False,
+               "strategy": strategy, "out-dir": str(tmp_path / name), **extra}
+        summary = run_inprocess(cfg)
+        lines = [json.loads(x) for x in Path(cfg["out-dir"], "metrics.jsonl").read_text()
+                 .splitlines()]
+        return summary, lines
+
+    summary, lines = run("default")
+    assert summary["failures"] == 0
+    assert all(set(r["global_client_accuracy"]) == {"6", "7", "8"} for r in lines)
+    assert 0 < summary["final_global_accuracy"] <= 1
+    assert all(set(r.get("client_generalized_accuracy") or {}) <= {str(c) for c in range(6)}
+               for r in lines)
+    if strategy in ("fedccfa", "fedrep"):
+        _, one = run("one", **{f"{strategy}.newcomer-epochs": 1})
+        assert lines[-1]["global_accuracy"] > one[-1]["global_accuracy"] + 0.05
