@@ -261,7 +261,12 @@ PAPERS: dict[str, Paper] = {
                     ("fedem", "0.688 ± 0.011"), ("fedrc", "0.769 ± 0.060"),
                     ("oracle", "0.846 ± 0.016")))),
         measured_cpu_s=10.1,
-        measured="34 s of run time, 10.1 s of CPU, at load 8 on 2 cores"),
+        measured="34 s of run time, 10.1 s of CPU, at load 8 on 2 cores",
+        notes=("FedCCFA and FedRep score a held-out client after it learns a classifier on its "
+               "adaptation split (`newcomer-epochs`, 10 epochs, over the frozen global "
+               "extractor: docs/fedccfa/README.md, D22); the other methods only choose among "
+               "their models (or weight them) with that split. Their global accuracies are "
+               "not the same test of a newcomer.",)),
     "fedccfa": Paper(
         "FedCCFA (digits, sudden label swaps)", "fedccfa-digits",
         "`digits-ccfa`: 10 clients with Dirichlet(0.5) priors, 12 steps of 5 rounds, label "

@@ -53,9 +53,12 @@ def test_a_malformed_claim_is_refused_with_what_is_wrong():
         C.check_all("<!-- claim: oracle beats a -->", rows)
 
 
-def test_every_claim_of_the_benchmark_reading_holds_on_the_committed_rows():
-    page = ROOT / "docs" / "benchmark"
+@pytest.mark.parametrize(("folder", "markers"), [("", 40), ("scale", 8)])
+def test_every_claim_of_the_benchmark_reading_holds_on_the_committed_rows(folder, markers):
+    """The headline page's reading and the scale tier's (100 clients, 20% a round), each on
+    its own rows."""
+    page = ROOT / "docs" / "benchmark" / folder
     reading = (page / "reading.md").read_text()
-    assert len(C.parse(reading)) >= 40     # the reading's comparisons carry their markers
+    assert len(C.parse(reading)) >= markers  # the reading's comparisons carry their markers
     failures = C.check_all(reading, R.read_rows(page / "runs.jsonl"))
     assert failures == [], "\n".join(failures)

@@ -239,3 +239,19 @@ def test_the_priors_table_sets_label_skew_beside_drift():
     assert gaps["local"] == pytest.approx([10.0, 10.0, -15.0, 20.0])
     assert R.prior_section([r for r in rows if r["prior"] == "uniform"]) == [
         "No scenario of these rows runs under more than one class prior."]
+
+
+def test_the_learning_rates_table_tells_a_refused_method_from_one_whose_rates_failed():
+    from fedcluster_app.bench import report as R
+
+    def row(strategy, lr, status, acc=None):
+        return {"data": "mixture", "strategy": strategy, "lr": lr, "status": status,
+                "acc_next": acc, "reason": None}
+
+    rows = [row("ifca", 0.1, "completed", 0.8), row("ifca", 0.3, "completed", 0.9),
+            row("feddrift", 0.1, "cannot run"), row("feddrift", 0.3, "cannot run"),
+            row("fedem", 0.1, "failed"), row("fedem", 0.3, "failed")]
+    table = "\n".join(R.learning_rates_table(rows))
+    assert "| ifca | 0.3 (0.900) |" in table
+    assert "| feddrift | cannot run |" in table
+    assert "| fedem | every rate failed |" in table

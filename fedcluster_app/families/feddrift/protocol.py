@@ -97,6 +97,11 @@ class TimeStepProtocol(Protocol):
             raise ConfigError(
                 f"{strategy.name} needs at least 2 time steps (the last one is test-only), "
                 f"scenario {sc.name!r} has {sc.num_steps}")
+        if strategy.cfg.fraction_train < 1:
+            raise ConfigError(
+                f"{strategy.name} runs FedDrift's time-step protocol, in which every client "
+                f"trains every round: fraction-train = {strategy.cfg.fraction_train:g} would be "
+                f"ignored; set fraction-train = 1")
         own = type(strategy)
         if (strategy.cfg.score_next_step and own.evaluate_step is not ClusteredStrategy.evaluate_step
                 and own.step_eval_tasks is ClusteredStrategy.step_eval_tasks):

@@ -549,3 +549,15 @@ def test_a_feature_mask_gives_numpys_broadcast_products_bit_for_bit(shape, mask)
     assert got.dtype == want.dtype and got.shape == want.shape
     assert got.tobytes() == want.tobytes()          # -0.0 and nan where NumPy has them
     assert masked(x, {}, 4) is x                    # no mask: the data as they are
+
+
+@pytest.mark.parametrize("strategy", ["feddrift", "kue", "ifca-w", "oracle-t"])
+def test_partial_participation_is_refused_under_the_time_step_protocol(strategy):
+    """Every client trains every round under FedDrift's protocol: a fraction-train below 1
+    would be ignored (the scale tier once ran FedDrift with all 100 clients training, beside
+    methods that trained 20 a round), so it is refused before round 1."""
+    from fedcluster_app.api import make_strategy
+
+    with pytest.raises(ConfigError, match="fraction-train = 0.2 would be ignored"):
+        make_strategy(strategy, run_config={"scenario": "mixture-swap", "fraction-train": 0.2})
+    make_strategy(strategy, run_config={"scenario": "mixture-swap", "fraction-train": 1.0})
