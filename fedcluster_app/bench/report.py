@@ -754,10 +754,13 @@ def learning_rates_table(tuning_rows: list[dict]) -> list[str]:
         cells = []
         for d in datasets:
             lr = chosen.get((d, s))
-            refused = all(r["status"] == "cannot run" for r in tuning_rows
-                          if r["data"] == d and r["strategy"] == s)
-            cells.append(f"{lr:g} ({np.mean(score[(d, s, lr)]):.3f})" if lr is not None
-                         else "cannot run" if refused else "every rate failed")
+            if lr is not None:
+                cells.append(f"{lr:g} ({np.mean(score[(d, s, lr)]):.3f})")
+            elif all(r["status"] == "cannot run" for r in tuning_rows
+                     if r["data"] == d and r["strategy"] == s):
+                cells.append("cannot run")
+            else:
+                cells.append("every rate failed")
         table.append([s, *cells])
     where = ", ".join(f"{sh}/{p}/{pr}" for sh, p, pr in TUNING_SCENARIOS)
     return ["### Learning rates", "",

@@ -22,6 +22,14 @@ _SHARED = {"batch-size": "batch-size", "momentum": "momentum", "weight-decay": "
 _EXTRACTOR = {**_SHARED, "ext-lr": "lr", "ext-epochs": "local-epochs (with local-steps = 0)"}
 
 
+def _newcomer_epochs():
+    """FedCCFA's and FedRep's held-out-client setting: one declaration, a field for each class
+    (a dataclass field object cannot be shared)."""
+    return param(10, "a held-out client (one that never trains) learns its classifier for this "
+                 "many epochs of its adaptation split, the extractor frozen, before it is scored",
+                 ge=1, le=MAX_EPOCHS)
+
+
 @dataclass(frozen=True)
 class FamilyParams(HParams):
     """What every algorithm of the family has: nothing but the shared recipe's replacements."""
@@ -54,9 +62,7 @@ class FedCCFAParams(FamilyParams):
                           "trains with the shared lr)", gt=0)
     clf_epochs: int = param(1, "personal classifier epochs (the extractor trains for the "
                             "shared local-steps / local-epochs)", ge=1, le=MAX_EPOCHS)
-    newcomer_epochs: int = param(10, "a held-out client (one that never trains) learns its "
-                                 "classifier for this many epochs of its adaptation split, the "
-                                 "extractor frozen, before it is scored", ge=1, le=MAX_EPOCHS)
+    newcomer_epochs: int = _newcomer_epochs()
 
 
 @dataclass(frozen=True)
@@ -67,9 +73,7 @@ class FedRepParams(FamilyParams):
                           "the shared lr)", gt=0)
     clf_epochs: int = param(1, "classifier epochs (the extractor trains for the shared "
                             "local-steps / local-epochs)", ge=1, le=MAX_EPOCHS)
-    newcomer_epochs: int = param(10, "a held-out client (one that never trains) learns its "
-                                 "classifier for this many epochs of its adaptation split, the "
-                                 "extractor frozen, before it is scored", ge=1, le=MAX_EPOCHS)
+    newcomer_epochs: int = _newcomer_epochs()
 
 
 @dataclass(frozen=True)
