@@ -82,7 +82,8 @@ def add_parser(sub) -> None:
     b.add_argument("--reuse-rows", type=Path, metavar="RUNS_JSONL",
                    help="rows of an earlier bench (its runs.jsonl) stand for runs --runs-dir "
                         "does not hold: a finished row counts when its scenario, strategy, seed "
-                        "and protocol match, so only the missing cells run")
+                        "and protocol match (with --tier papers: its paper, method, seed and "
+                        "run config), so only the missing cells run")
     b.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change the common protocol (every run), e.g. --set rounds-per-step=6")

@@ -34,7 +34,9 @@ the scenario uses (as in the headline matrix). Two methods whose combined run co
 
 Runs go through the headline's runner (one directory per run under ``runs/bench-papers``, finished
 runs reused, a process pool; a strategy that refuses the paper's scenario is listed with its
-reason) and are scored here (:func:`score`).
+reason) and are scored here (:func:`score`). With ``--reuse-rows`` the rows of an earlier page
+stand for the runs the runs directory does not hold (:func:`reusable_rows`), so a page grows by
+a paper without running the others again.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from fedcluster_app.core.config import ConfigValue, suggest
 TIER = "papers"
 #: the matrix options of ``fedcluster bench`` that have no meaning on a paper's protocol
 MATRIX_ONLY = ("quick", "datasets", "shifts", "patterns", "priors", "lr_grid", "skip_static",
-               "tune_only", "reuse_rows")
+               "tune_only")
 
 Scores = Callable[[dict, list[dict], "np.ndarray | None"], "float | None"]
 
@@ -483,6 +485,19 @@ def score(cell: PaperCell, out: Path) -> dict:
                recipe=effective_recipe(summary, records))
 
 
+def reusable_rows(rows: list[dict], cells: list[PaperCell]) -> dict[PaperCell, dict]:
+    """The finished rows among ``rows`` that match a cell: same paper, method, seed and
+    combined run config (the preset's, the method's and ``--set``'s keys together)."""
+    from fedcluster_app.bench.runner import matching_rows
+    from fedcluster_app.core.results.files import to_json
+
+    canonical = lambda config: json.dumps(to_json(config), sort_keys=True)
+    return matching_rows(
+        rows, cells,
+        row_key=lambda r: (r["paper"], r["strategy"], r["seed"], canonical(r["config"])),
+        cell_key=lambda c: (c.paper, c.strategy, c.seed, canonical(dict(c.settings))))
+
+
 # ------------------------------------------------------------------------------- the page
 def _ci(values: list, percent: bool = False) -> str:
     """mean ± the 95% interval's half-width, as a fraction or (``percent``) in % as the
@@ -582,19 +597,20 @@ def refuse_matrix_options(args) -> None:
                          f"{TIER} does not run (each paper's protocol is its preset)")
 
 
-def estimate(p: Plan, can_run: dict[tuple[str, str], bool]) -> list[str]:
-    """What the plan will cost: per paper its runs (those a strategy refuses left out) times the
+def estimate(p: Plan, states: dict[PaperCell, str]) -> list[str]:
+    """What the plan will cost: per paper its runs still to run (those finished before, given by
+    earlier rows or refused by their strategy left out) times the
     CPU seconds one fedavg run of seed 0 took on the full preset here. A lower bound for the
     methods that train several models a round (IFCA, FedEM, FedRC, FedSoft: up to K times),
     an upper one for FedDrift's family, whose clients are batched; ``--set`` shortening a
     protocol shortens the runs too, which this does not count."""
     lines, total = [], 0.0
     for name in p.papers:
-        n = sum(1 for c in p.cells if c.paper == name and can_run[(c.paper, c.strategy)])
+        n = sum(1 for c in p.cells if c.paper == name and states[c] == "to run")
         entry = PAPERS[name]
         minutes = n * (entry.measured_cpu_s or 0.0) / 60.0
         total += minutes
-        lines.append(f"papers: {name}: {n} runs; one fedavg run took {entry.measured}: about "
+        lines.append(f"papers: {name}: {n} runs to run; one fedavg run took {entry.measured}: about "
                      f"{minutes:.0f} min of CPU at that rate")
     lines.append(f"papers: about {total:.0f} min of CPU in all ({total / 120:.1f} h of wall "
                  f"time on 2 idle cores with --workers 2); the methods that train K models a "
@@ -613,22 +629,21 @@ def run(args, folder: Path, argv: list[str] | None = None) -> int:
     refuse_matrix_options(args)
     p = plan(args.papers, args.strategies, args.seeds,
              dict(parse_assignment(s) for s in args.set))
+    reuse = R.read_rows(args.reuse_rows) if args.reuse_rows else None
     if args.dry_run:
-        states = run_states(p.cells, args.runs_dir, args.retry_failed)
-        can_run: dict[tuple[str, str], bool] = {}
+        states = run_states(p.cells, args.runs_dir, args.retry_failed, reuse, reusable_rows)
         for cell, state in states.items():
             print(f"{cell.name}: {state}")
-            key = (cell.paper, cell.strategy)
-            can_run[key] = can_run.get(key, False) or not state.startswith("cannot run")
         for (name, method_name), other in p.same_as.items():
             print(f"{name}/{method_name}: the same run as {name}/{other}")
-        print("\n".join(estimate(p, can_run)))
+        print("\n".join(estimate(p, states)))
         return 0
     log = lambda line: print(line, flush=True)
     t0, load0 = time.time(), os.getloadavg()[0]
     rows, ran = run_matrix(p.cells, args.runs_dir.resolve(), workers=args.workers,
                            retry_failed=args.retry_failed, log=log,
-                           ray_address=args.ray_address, score=score, row=row)
+                           ray_address=args.ray_address, reuse=reuse, score=score, row=row,
+                           match=reusable_rows)
     data_file = folder / "runs.jsonl"
     R.write_rows(rows, data_file)
     info = {"compute_min": sum(float(r.get("wall_time_s") or 0) for r in rows) / 60.0,

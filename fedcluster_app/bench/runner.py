@@ -92,28 +92,40 @@ def _settings(cell: Cell) -> dict[str, Any]:
     return {"settings": settings} if settings else {}
 
 
-def _key(scenario: str | None, strategy: str | None, lr, seed: int, protocol: dict,
-         settings: dict | None = None) -> tuple:
-    return (scenario, strategy, lr, seed, json.dumps(protocol, sort_keys=True),
-            json.dumps(settings or {}, sort_keys=True))
+def matching_rows(rows: list[dict[str, Any]], cells: list, row_key: Callable[[dict], tuple],
+                  cell_key: Callable[[Any], tuple]) -> dict[Any, dict[str, Any]]:
+    """The finished rows among ``rows`` whose key (``row_key``) is a cell's (``cell_key``): what
+    an earlier bench's rows say about these cells. A row the key cannot be read from (an older
+    row without its protocol, say) matches nothing: what it was run with is unknown."""
+    by_key = {}
+    for r in rows:
+        if r.get("status") not in FINISHED or not isinstance(r.get("seed"), int):
+            continue
+        try:
+            by_key[row_key(r)] = r
+        except (KeyError, TypeError):
+            continue
+    return {cell: by_key[key] for cell in cells if (key := cell_key(cell)) in by_key}
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value or {}, sort_keys=True)
 
 
 def reusable_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[Cell, dict[str, Any]]:
-    """The finished rows among ``rows`` that match a cell: same scenario, strategy, seed and
-    protocol (a row without its protocol matches nothing: what it was run with is unknown)."""
-    if not rows:
-        return {}
-    by_key = {_key(r.get("scenario"), r.get("strategy"), r.get("lr"), r["seed"], r["protocol"],
-                   r.get("settings")): r
-              for r in rows if r.get("status") in FINISHED
-              and isinstance(r.get("protocol"), dict) and isinstance(r.get("seed"), int)}
-    out = {}
-    for cell in cells:
-        row = by_key.get(_key(cell.scenario.key, cell.strategy, cell.config()["lr"], cell.seed,
-                              dict(cell.protocol), _settings(cell).get("settings")))
-        if row is not None:
-            out[cell] = row
-    return out
+    """The matrix's finished rows among ``rows`` that match a cell: same scenario, strategy,
+    learning rate, seed, protocol and method settings."""
+    def row_key(r: dict) -> tuple:
+        if not isinstance(r["protocol"], dict):
+            raise TypeError("a row without its protocol")
+        return (r.get("scenario"), r.get("strategy"), r.get("lr"), r["seed"],
+                _canonical(r["protocol"]), _canonical(r.get("settings")))
+
+    def cell_key(cell: Cell) -> tuple:
+        return (cell.scenario.key, cell.strategy, cell.config()["lr"], cell.seed,
+                _canonical(dict(cell.protocol)), _canonical(_settings(cell).get("settings")))
+
+    return matching_rows(rows, cells, row_key, cell_key)
 
 
 def _score(cell: Cell, out: Path) -> dict[str, Any]:
@@ -195,14 +207,17 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
                ray_address: str | None = None,
                reuse: list[dict[str, Any]] | None = None,
                score: Callable[[Cell, Path], dict[str, Any]] = _score,
-               row: Callable[..., dict[str, Any]] = _row) -> tuple[list[dict[str, Any]], int]:
+               row: Callable[..., dict[str, Any]] = _row,
+               match: Callable[[list[dict], list], dict] = reusable_rows
+               ) -> tuple[list[dict[str, Any]], int]:
     """Run what is not finished, then score every cell: one row per cell, in ``cells``' order,
     and the number of runs this call made. Runs go to a process pool of ``workers`` on this
     machine, or with ``ray_address`` to the Ray cluster there. ``reuse``: rows of an earlier
     bench that stand for cells without a finished run directory (:func:`reusable_rows`).
     ``score`` (a cell and its run directory) and ``row`` (a cell, a status and a reason) make
-    the rows: the matrix's, or another tier's for its own cells (``papers.py``)."""
-    rows, todo, earlier, _ = _sort_out(cells, runs_dir, retry_failed, reuse, row)
+    the rows, and ``match`` finds a cell's earlier row: the matrix's, or another tier's for its
+    own cells (``papers.py``)."""
+    rows, todo, earlier, _ = _sort_out(cells, runs_dir, retry_failed, reuse, row, match)
     skipped = len(cells) - len(todo) - len(rows)
     reused = sum(cell in earlier for cell in rows)
     where = f"on the Ray cluster at {ray_address}" if ray_address else f"with {workers} worker(s)"
@@ -247,12 +262,14 @@ def rows_without_running(cells: list[Cell], runs_dir: Path, retry_failed: bool =
 
 
 def run_states(cells: list[Cell], runs_dir: Path, retry_failed: bool = False,
-               reuse: list[dict[str, Any]] | None = None) -> dict[Cell, str]:
+               reuse: list[dict[str, Any]] | None = None,
+               match: Callable[[list[dict], list], dict] = reusable_rows) -> dict[Cell, str]:
     """What :func:`run_matrix` would do with each cell, in words, running nothing (the dry
     runs): "to run", "finished", "failed (kept: --retry-failed runs it again)", "from
     earlier rows" or "cannot run: <why>"."""
     bare = lambda cell, status, reason=None, **_: {"status": status, "reason": reason}
-    rows, todo, earlier, kept_failed = _sort_out(cells, runs_dir, retry_failed, reuse, bare)
+    rows, todo, earlier, kept_failed = _sort_out(cells, runs_dir, retry_failed, reuse, bare,
+                                                 match)
 
     def state(cell: Cell) -> str:
         if cell in todo:
@@ -274,7 +291,8 @@ def _scored(cell: Cell, runs_dir: Path, score: Callable[[Cell, Path], dict[str, 
 
 
 def _sort_out(cells: list[Cell], runs_dir: Path, retry_failed: bool,
-              reuse: list[dict[str, Any]] | None, row: Callable[..., dict[str, Any]]
+              reuse: list[dict[str, Any]] | None, row: Callable[..., dict[str, Any]],
+              match: Callable[[list[dict], list], dict] = reusable_rows
               ) -> tuple[dict[Cell, dict[str, Any]], dict[Cell, dict], dict[Cell, dict],
                          set[Cell]]:
     """(rows known without scoring a run directory: earlier rows and cells that cannot run;
@@ -286,7 +304,7 @@ def _sort_out(cells: list[Cell], runs_dir: Path, retry_failed: bool,
     rows: dict[Cell, dict[str, Any]] = {}
     todo: dict[Cell, dict] = {}
     kept_failed: set[Cell] = set()
-    earlier = reusable_rows(reuse or [], cells)
+    earlier = match(reuse, cells) if reuse else {}
     for cell in cells:
         out = run_dir(runs_dir, cell)
         summary = read_summary(out) or {}

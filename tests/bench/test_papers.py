@@ -171,6 +171,28 @@ def test_a_finished_paper_run_is_not_run_again(tiny_papers, capsys):
     assert "1 finished before" in capsys.readouterr().out
 
 
+def test_an_earlier_pages_rows_stand_for_runs_the_runs_directory_lacks(tiny_papers, tmp_path,
+                                                                      capsys):
+    """A page grows by a paper without running the others again: the committed rows of the
+    same paper, method, seed and run config are taken as they are; another config is run."""
+    from fedcluster_app.cli import main
+
+    earlier = tiny_papers / "doc" / "papers" / "runs.jsonl"
+    common = ["bench", "--tier", "papers", "--papers", "fedrc", "feddrift", "--strategies",
+              "fedavg", "fedrc", "feddrift", "--seeds", "0", "1", "--set", "local-steps=5",
+              "--runs-dir", str(tmp_path / "empty"), "--reuse-rows", str(earlier)]
+    assert main(common + ["--set", "rounds-per-step=2",
+                          "--report", str(tmp_path / "doc" / "papers.md")]) == 0
+    out = capsys.readouterr().out
+    assert "10 from earlier rows, 2 cannot run, 0 to run" in out
+    assert R.read_rows(tmp_path / "doc" / "papers" / "runs.jsonl") == R.read_rows(earlier)
+    assert not (tmp_path / "empty").exists() or not any((tmp_path / "empty").rglob("summary.json"))
+    # another protocol is another run: none of the rows stands for it
+    assert main(common + ["--set", "rounds-per-step=3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "from earlier rows" not in out and "fedrc/fedavg/seed0: to run" in out
+
+
 def test_the_dry_run_lists_the_runs_which_cannot_run_and_the_cost(tmp_path, capsys):
     from fedcluster_app.cli import main
 
@@ -182,5 +204,5 @@ def test_the_dry_run_lists_the_runs_which_cannot_run_and_the_cost(tmp_path, caps
     assert "fedrc/feddrift/seed0: cannot run: feddrift needs at least 2 time steps" in out
     # the estimate counts the 2 runs that can run, at the CPU seconds measured for fedavg
     minutes = 2 * P.PAPERS["fedrc"].measured_cpu_s / 60
-    assert "papers: fedrc: 2 runs; one fedavg run took" in out and f"{minutes:.0f} min" in out
+    assert "papers: fedrc: 2 runs to run; one fedavg run took" in out and f"{minutes:.0f} min" in out
     assert not runs.exists()
