@@ -22,14 +22,6 @@ _SHARED = {"batch-size": "batch-size", "momentum": "momentum", "weight-decay": "
 _EXTRACTOR = {**_SHARED, "ext-lr": "lr", "ext-epochs": "local-epochs (with local-steps = 0)"}
 
 
-def _newcomer_epochs():
-    """FedCCFA's and FedRep's held-out-client setting: one declaration, a field for each class
-    (a dataclass field object cannot be shared)."""
-    return param(10, "a held-out client (one that never trains) learns its classifier for this "
-                 "many epochs of its adaptation split, the extractor frozen, before it is scored",
-                 ge=1, le=MAX_EPOCHS)
-
-
 @dataclass(frozen=True)
 class FamilyParams(HParams):
     """What every algorithm of the family has: nothing but the shared recipe's replacements."""
@@ -38,9 +30,24 @@ class FamilyParams(HParams):
 
 
 @dataclass(frozen=True)
-class FedCCFAParams(FamilyParams):
-    table = "fedccfa"
+class ClassifierPhaseParams(FamilyParams):
+    """FedCCFA's and FedRep's classifier phase: each round the client trains its classifier
+    with the extractor frozen, then the extractor with the shared recipe; a held-out client
+    (one that never trains) learns a classifier the same way before it is scored."""
+
     moved = _EXTRACTOR
+    clf_lr: float = param(0.1, "classifier lr, extractor frozen (the extractor trains with "
+                          "the shared lr)", gt=0)
+    clf_epochs: int = param(1, "classifier epochs (the extractor trains for the shared "
+                            "local-steps / local-epochs)", ge=1, le=MAX_EPOCHS)
+    newcomer_epochs: int = param(10, "a held-out client (one that never trains) learns its "
+                                 "classifier for this many epochs of its adaptation split, the "
+                                 "extractor frozen, before it is scored", ge=1, le=MAX_EPOCHS)
+
+
+@dataclass(frozen=True)
+class FedCCFAParams(ClassifierPhaseParams):
+    table = "fedccfa"
     eps: float = param(0.1, "DBSCAN eps on the MADD distance of balanced classifier rows "
                        "(0.05 for the digits demo)", gt=0)
     min_samples: int = param(1, "DBSCAN min_samples (1 = connected components)", ge=1,
@@ -58,22 +65,11 @@ class FedCCFAParams(FamilyParams):
                            le=MAX_ITERATIONS)
     bal_per_class: int = param(5, "balanced batch: samples per class (at most the smallest "
                                "present class)", ge=1, le=MAX_SAMPLES)
-    clf_lr: float = param(0.1, "personal classifier lr (extractor frozen; the extractor "
-                          "trains with the shared lr)", gt=0)
-    clf_epochs: int = param(1, "personal classifier epochs (the extractor trains for the "
-                            "shared local-steps / local-epochs)", ge=1, le=MAX_EPOCHS)
-    newcomer_epochs: int = _newcomer_epochs()
 
 
 @dataclass(frozen=True)
-class FedRepParams(FamilyParams):
+class FedRepParams(ClassifierPhaseParams):
     table = "fedrep"
-    moved = _EXTRACTOR
-    clf_lr: float = param(0.1, "classifier lr, extractor frozen (the extractor trains with "
-                          "the shared lr)", gt=0)
-    clf_epochs: int = param(1, "classifier epochs (the extractor trains for the shared "
-                            "local-steps / local-epochs)", ge=1, le=MAX_EPOCHS)
-    newcomer_epochs: int = _newcomer_epochs()
 
 
 @dataclass(frozen=True)
