@@ -85,6 +85,11 @@ def add_parser(sub) -> None:
                         "and protocol match (with --tier papers: its paper, method, seed and "
                         "run config), so only the missing cells run")
     b.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    b.add_argument("--render-only", action="store_true",
+                   help=f"with --tier {TIER_PAPERS}: run nothing; write the page from the runs "
+                        "finished so far (and --reuse-rows' rows), the others listed as not run "
+                        "yet: a long bench's page while it goes on, or its rows kept to go on "
+                        "from later")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change the common protocol (every run), e.g. --set rounds-per-step=6")
     b.add_argument("--tune-only", action="store_true",
@@ -117,6 +122,11 @@ def plan_of(args: argparse.Namespace) -> Plan:
     tier = M.TIERS[M.check_names("tier", [args.tier], [*M.TIERS, TIER_PAPERS])[0]]
     if getattr(args, "papers", None):
         raise ValueError(f"--papers chooses the papers of --tier {TIER_PAPERS}")
+    if getattr(args, "render_only", False):
+        # the matrix's rates come from its tuning runs: a page of part of them would score
+        # rates chosen on part of the grid; its page re-renders from rows with --reuse-rows
+        raise ValueError(f"--render-only writes the page of --tier {TIER_PAPERS} from what "
+                         f"has finished; the matrix re-renders from its rows with --reuse-rows")
     quick = M.QUICK if args.quick else {}
     pick = lambda kind, given, key, valid: M.check_names(
         kind, given or quick.get(key, getattr(tier, key)), valid)

@@ -56,6 +56,7 @@ import numpy as np
 
 from fedcluster_app.bench import matrix as M
 from fedcluster_app.bench.matrix import FINISHED
+from fedcluster_app.bench.runner import NOT_RUN
 from fedcluster_app.core.config import ConfigValue, suggest
 
 TIER = "papers"
@@ -546,9 +547,11 @@ def paper_section(name: str, rows: list[dict], methods: list[str],
             continue
         cells = [_ci([r.get(m.key) for r in ok], entry.percent) for m in entry.metrics]
         secs = [float(r["wall_time_s"]) for r in ok if r.get("wall_time_s") is not None]
-        failed = len(rs) - len(ok)
+        pending = sum(1 for r in rs if r["status"] == NOT_RUN)
+        failed = len(rs) - len(ok) - pending
+        notes = [f"{failed} failed"] * bool(failed) + [f"{pending} {NOT_RUN}"] * bool(pending)
         table.append([method_name] + cells + quoted
-                     + [f"{len(ok)}" + (f" ({failed} failed)" if failed else ""),
+                     + [f"{len(ok)}" + (f" ({', '.join(notes)})" if notes else ""),
                         f"{np.mean(secs):.1f}" if secs else "-"])
     compute = sum(float(r.get("wall_time_s") or 0) for r in rows) / 60.0
     lines = [f"## {entry.title}", "",
@@ -583,7 +586,11 @@ def render(rows: list[dict], p: Plan, command: str, info: dict[str, Any]) -> str
                 " (not the papers' protocols)." if p.overrides else ""), "",
              f"Compute: {info['compute_min']:.1f} min of run time; this command ran "
              f"{info['ran']} runs in {info['elapsed_min']:.1f} min {info['where']} on "
-             f"{info['cores']} cores (load average {info['load']}).", ""]
+             f"{info['cores']} cores (load average {info['load']})."
+             + (f" **{pending} runs are not run yet**: this page was written with "
+                "`--render-only` from the runs finished so far; the same command without it, "
+                "with `--reuse-rows` of this page's rows, runs only those."
+                if (pending := sum(r["status"] == NOT_RUN for r in rows)) else ""), ""]
     for name in p.papers:
         lines += paper_section(name, rows, p.methods, p.same_as)
     return "\n".join(lines)
@@ -643,7 +650,7 @@ def run(args, folder: Path, argv: list[str] | None = None) -> int:
     rows, ran = run_matrix(p.cells, args.runs_dir.resolve(), workers=args.workers,
                            retry_failed=args.retry_failed, log=log,
                            ray_address=args.ray_address, reuse=reuse, score=score, row=row,
-                           match=reusable_rows)
+                           match=reusable_rows, render_only=args.render_only)
     data_file = folder / "runs.jsonl"
     R.write_rows(rows, data_file)
     info = {"compute_min": sum(float(r.get("wall_time_s") or 0) for r in rows) / 60.0,

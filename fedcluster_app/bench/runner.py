@@ -30,6 +30,10 @@ from fedcluster_app.bench.matrix import (FINISHED, QUIET_RUN, Cell, bench_scenar
 from fedcluster_app.bench.scores import score_run
 
 
+#: the status of a cell a ``--render-only`` page lists without running it
+NOT_RUN = "not run yet"
+
+
 class RunsDirMismatch(ValueError):
     """A runs directory holds a finished run of a cell with another run config."""
 
@@ -208,22 +212,31 @@ def run_matrix(cells: list[Cell], runs_dir: Path, workers: int = 1, retry_failed
                reuse: list[dict[str, Any]] | None = None,
                score: Callable[[Cell, Path], dict[str, Any]] = _score,
                row: Callable[..., dict[str, Any]] = _row,
-               match: Callable[[list[dict], list], dict] = reusable_rows
-               ) -> tuple[list[dict[str, Any]], int]:
+               match: Callable[[list[dict], list], dict] = reusable_rows,
+               render_only: bool = False) -> tuple[list[dict[str, Any]], int]:
     """Run what is not finished, then score every cell: one row per cell, in ``cells``' order,
     and the number of runs this call made. Runs go to a process pool of ``workers`` on this
     machine, or with ``ray_address`` to the Ray cluster there. ``reuse``: rows of an earlier
     bench that stand for cells without a finished run directory (:func:`reusable_rows`).
     ``score`` (a cell and its run directory) and ``row`` (a cell, a status and a reason) make
     the rows, and ``match`` finds a cell's earlier row: the matrix's, or another tier's for its
-    own cells (``papers.py``)."""
+    own cells (``papers.py``). ``render_only``: run nothing; a cell that would run gets a
+    row of status :data:`NOT_RUN` (a long bench's page, shown while it goes on)."""
     rows, todo, earlier, _ = _sort_out(cells, runs_dir, retry_failed, reuse, row, match)
     skipped = len(cells) - len(todo) - len(rows)
     reused = sum(cell in earlier for cell in rows)
+    refused = len(rows) - reused
+    if render_only:
+        rows.update({cell: row(cell, NOT_RUN, "the page was written with --render-only")
+                     for cell in todo})
     where = f"on the Ray cluster at {ray_address}" if ray_address else f"with {workers} worker(s)"
     log(f"bench: {len(cells)} runs: {skipped} finished before, "
         + (f"{reused} from earlier rows, " if reuse is not None else "")
-        + f"{len(rows) - reused} cannot run, {len(todo)} to run {where}")
+        + f"{refused} cannot run, "
+        + (f"{len(todo)} {NOT_RUN} (--render-only)" if render_only
+           else f"{len(todo)} to run {where}"))
+    if render_only:
+        todo = {}
     done = 0
 
     def finished(cell: Cell, result: tuple[str, str | None, float]) -> None:

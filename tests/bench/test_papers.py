@@ -193,6 +193,34 @@ def test_an_earlier_pages_rows_stand_for_runs_the_runs_directory_lacks(tiny_pape
     assert "from earlier rows" not in out and "fedrc/fedavg/seed0: to run" in out
 
 
+def test_render_only_writes_the_page_of_what_has_finished_and_runs_nothing(tiny_papers,
+                                                                          tmp_path, capsys):
+    """A long bench's page while it goes on (or its rows kept to go on from later): the
+    finished runs scored, the others listed as not run yet, and not one run started."""
+    from fedcluster_app.cli import main
+
+    argv = ["bench", "--tier", "papers", "--papers", "fedrc", "--strategies", "fedavg",
+            "fedrc", "--seeds", "0", "1", "2", "--set", "rounds-per-step=2",
+            "--set", "local-steps=5", "--runs-dir", str(tiny_papers / "runs"), "--render-only",
+            "--report", str(tmp_path / "doc" / "papers.md")]
+    before = sorted((tiny_papers / "runs").rglob("*"))
+    assert main(argv) == 0
+    assert "4 finished before, 0 cannot run, 2 not run yet (--render-only)" in \
+        capsys.readouterr().out
+    assert sorted((tiny_papers / "runs").rglob("*")) == before        # nothing ran
+    rows = R.read_rows(tmp_path / "doc" / "papers" / "runs.jsonl")
+    assert sorted((r["strategy"], r["seed"], r["status"]) for r in rows if r["seed"] == 2) == [
+        ("fedavg", 2, "not run yet"), ("fedrc", 2, "not run yet")]
+    page = (tmp_path / "doc" / "papers.md").read_text()
+    assert "**2 runs are not run yet**" in page
+    line = next(x for x in page.splitlines() if x.startswith("| fedrc |"))
+    assert "| 2 (1 not run yet) |" in line
+    # the matrix's rates come from its tuning: a page of part of it is refused
+    assert main(["bench", "--datasets", "digits", "--render-only",
+                 "--runs-dir", str(tmp_path / "m")]) == 2
+    assert "--render-only writes the page of --tier papers" in capsys.readouterr().err
+
+
 def test_the_dry_run_lists_the_runs_which_cannot_run_and_the_cost(tmp_path, capsys):
     from fedcluster_app.cli import main
 
