@@ -567,7 +567,8 @@ def paper_section(name: str, rows: list[dict], methods: list[str],
     lines += ["| " + " | ".join(r) + " |" for r in table]
     lines += [""] + [f"* {ref.label}: {ref.source}." for ref in refs]
     lines += [f"* {note}" for note in entry.notes]
-    lines += [f"* Compute: {compute:.1f} min of run time over {len(rows)} runs."]
+    finished = sum(r["status"] in FINISHED for r in rows)
+    lines += [f"* Compute: {compute:.1f} min of run time over the {finished} finished runs."]
     return lines + [""]
 
 
