@@ -81,10 +81,12 @@ def add_parser(sub) -> None:
                         "same name beside it (default RUNS_DIR/benchmark.md)")
     b.add_argument("--reuse-rows", type=Path, metavar="RUNS_JSONL",
                    help="rows of an earlier bench (its runs.jsonl) stand for runs --runs-dir "
-                        "does not hold: a finished row counts when its scenario, strategy, seed "
-                        "and protocol match (with --tier papers: its paper, method, seed and "
-                        "run config), so only the missing cells run")
-    b.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+                        "does not hold: a finished (or, without --retry-failed, failed) row counts "
+                        "when its scenario, strategy, seed and protocol match (with --tier "
+                        "papers: its paper, method, seed and run config), so only the missing "
+                        "cells run")
+    b.add_argument("--retry-failed", action="store_true",
+                   help="run failed runs (and --reuse-rows' failed rows) again")
     b.add_argument("--render-only", action="store_true",
                    help=f"with --tier {TIER_PAPERS}: run nothing; write the page from the runs "
                         "finished so far (and --reuse-rows' rows), the others listed as not run "

@@ -56,7 +56,7 @@ import numpy as np
 
 from fedcluster_app.bench import matrix as M
 from fedcluster_app.bench.matrix import FINISHED
-from fedcluster_app.bench.runner import NOT_RUN
+from fedcluster_app.bench.runner import NOT_RUN, canonical, matching_rows
 from fedcluster_app.core.config import ConfigValue, suggest
 
 TIER = "papers"
@@ -450,7 +450,7 @@ def plan(papers: list[str] | None = None, methods: list[str] | None = None,
         for method_name in methods:
             config = combine(PAPERS[name], method_name, overrides)
             check_config(name, method_name, config)
-            key = json.dumps(config, sort_keys=True)
+            key = canonical(config)
             if key in seen:
                 same_as[(name, method_name)] = seen[key]
                 continue
@@ -489,10 +489,6 @@ def score(cell: PaperCell, out: Path) -> dict:
 def reusable_rows(rows: list[dict], cells: list[PaperCell]) -> dict[PaperCell, dict]:
     """The finished rows among ``rows`` that match a cell: same paper, method, seed and
     combined run config (the preset's, the method's and ``--set``'s keys together)."""
-    from fedcluster_app.bench.runner import matching_rows
-    from fedcluster_app.core.results.files import to_json
-
-    canonical = lambda config: json.dumps(to_json(config), sort_keys=True)
     return matching_rows(
         rows, cells,
         row_key=lambda r: (r["paper"], r["strategy"], r["seed"], canonical(r["config"])),

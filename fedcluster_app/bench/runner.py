@@ -98,12 +98,14 @@ def _settings(cell: Cell) -> dict[str, Any]:
 
 def matching_rows(rows: list[dict[str, Any]], cells: list, row_key: Callable[[dict], tuple],
                   cell_key: Callable[[Any], tuple]) -> dict[Any, dict[str, Any]]:
-    """The finished rows among ``rows`` whose key (``row_key``) is a cell's (``cell_key``): what
-    an earlier bench's rows say about these cells. A row the key cannot be read from (an older
-    row without its protocol, say) matches nothing: what it was run with is unknown."""
+    """The finished or failed rows among ``rows`` whose key (``row_key``) is a cell's
+    (``cell_key``): what an earlier bench's rows say about these cells (a failed row, like a
+    failed run directory, stands until ``--retry-failed``: :func:`_sort_out`). A row the key
+    cannot be read from (an older row without its protocol, say) matches nothing: what it was
+    run with is unknown."""
     by_key = {}
     for r in rows:
-        if r.get("status") not in FINISHED or not isinstance(r.get("seed"), int):
+        if r.get("status") not in (*FINISHED, "failed") or not isinstance(r.get("seed"), int):
             continue
         try:
             by_key[row_key(r)] = r
@@ -112,8 +114,12 @@ def matching_rows(rows: list[dict[str, Any]], cells: list, row_key: Callable[[di
     return {cell: by_key[key] for cell in cells if (key := cell_key(cell)) in by_key}
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value or {}, sort_keys=True)
+def canonical(config: Any) -> str:
+    """One text per run config (or protocol, or method settings), as a row holds it: keys
+    sorted, a non-finite number null. Two configs match when their texts are equal."""
+    from fedcluster_app.core.results.files import to_json
+
+    return json.dumps(to_json(config or {}), sort_keys=True)
 
 
 def reusable_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[Cell, dict[str, Any]]:
@@ -123,11 +129,11 @@ def reusable_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[Cell, d
         if not isinstance(r["protocol"], dict):
             raise TypeError("a row without its protocol")
         return (r.get("scenario"), r.get("strategy"), r.get("lr"), r["seed"],
-                _canonical(r["protocol"]), _canonical(r.get("settings")))
+                canonical(r["protocol"]), canonical(r.get("settings")))
 
     def cell_key(cell: Cell) -> tuple:
         return (cell.scenario.key, cell.strategy, cell.config()["lr"], cell.seed,
-                _canonical(dict(cell.protocol)), _canonical(_settings(cell).get("settings")))
+                canonical(dict(cell.protocol)), canonical(_settings(cell).get("settings")))
 
     return matching_rows(rows, cells, row_key, cell_key)
 
@@ -288,8 +294,10 @@ def run_states(cells: list[Cell], runs_dir: Path, retry_failed: bool = False,
         if cell in todo:
             return "to run"
         if cell in rows:   # an earlier row comes before a refusal (_sort_out)
-            return ("from earlier rows" if cell in earlier
-                    else f"cannot run: {rows[cell]['reason']}")
+            if cell in earlier:
+                return ("failed, from earlier rows (--retry-failed runs it again)"
+                        if rows[cell].get("status") == "failed" else "from earlier rows")
+            return f"cannot run: {rows[cell]['reason']}"
         return ("failed (kept: --retry-failed runs it again)" if cell in kept_failed
                 else "finished")
 
@@ -317,6 +325,8 @@ def _sort_out(cells: list[Cell], runs_dir: Path, retry_failed: bool,
     rows: dict[Cell, dict[str, Any]] = {}
     todo: dict[Cell, dict] = {}
     kept_failed: set[Cell] = set()
+    if reuse and retry_failed:   # a failed earlier row runs again, as a failed run directory
+        reuse = [r for r in reuse if r.get("status") != "failed"]
     earlier = match(reuse, cells) if reuse else {}
     for cell in cells:
         out = run_dir(runs_dir, cell)

@@ -100,8 +100,12 @@ def score_run(summary: dict, records: list[dict], concepts: np.ndarray,
     nxt = {int(r["next_step"]) - 1: float(r["accuracy_next"]) for r in scored
            if r.get("accuracy_next") is not None}
     if not current or not nxt:
-        raise ValueError("the run has no accuracy_current / accuracy_next: it ran without "
-                         "score-next-step = true")
+        missing = " or ".join(k for k, v in (("accuracy_current", current),
+                                             ("accuracy_next", nxt)) if not v)
+        if not (summary.get("config") or {}).get("score-next-step"):
+            raise ValueError(f"the run has no {missing}: it ran without score-next-step = true")
+        raise ValueError(f"no scored round of the run recorded {missing}"   # it diverged, say
+                         + (f" ({summary['reason']})" if summary.get("reason") else ""))
     round_times = {int(r["round"]): r.get("round_time_s") for r in scored}
     end_of = {t: t * rounds_per_step for t in range(1, last + 1)}   # a step's last round
 

@@ -86,8 +86,20 @@ def test_the_global_accuracy_is_the_familys_own_measure_else_the_balanced_sample
 
 def test_score_run_needs_the_common_scoring_rule():
     rows = [{"round": 1, "time_step": 1, "accuracy": .9}]
-    with pytest.raises(ValueError, match="score-next-step"):
+    with pytest.raises(ValueError, match="ran without score-next-step"):
         score_run({}, rows, np.zeros((2, 1), dtype=int), 1)
+
+
+def test_a_run_that_diverged_before_its_first_next_step_score_says_so():
+    """With score-next-step on, missing next-step scores mean the run never got one (every
+    evaluation failed once it diverged), not that the rule was off: the reason says which."""
+    rows = [{"round": 1, "time_step": 1, "accuracy_current": .3}, {"round": 2, "time_step": 1}]
+    summary = {"config": {"score-next-step": True}, "status": "degraded",
+               "reason": "1 of 2 rounds had no usable evaluation reply"}
+    with pytest.raises(ValueError) as err:
+        score_run(summary, rows, np.zeros((2, 1), dtype=int), 1)
+    assert str(err.value) == ("no scored round of the run recorded accuracy_next "
+                              "(1 of 2 rounds had no usable evaluation reply)")
 
 
 def test_matrix_names_are_checked_with_a_suggestion():
@@ -249,6 +261,35 @@ def test_rows_of_an_earlier_bench_stand_for_runs_whose_directories_are_gone(tiny
     assert R.read_rows(out / "bench" / "runs.jsonl") == first
 
 
+def test_an_earlier_failed_row_stands_until_retry_failed(tiny_bench, tmp_path, capsys):
+    """A failed row of --reuse-rows is kept like a failed run directory: the bench does not
+    run it again (a run that fails the same way every time would rerun at every render)
+    unless --retry-failed says so."""
+    import json
+
+    from fedcluster_app.cli import main
+
+    root, argv = tiny_bench
+    rows = R.read_rows(root / "doc" / "bench" / "runs.jsonl")
+    rows[0] = {**rows[0], "status": "failed", "reason": "no scored round recorded accuracy_next"}
+    earlier = tmp_path / "runs.jsonl"
+    earlier.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # the tuning's rows beside them, so that the rates are known and nothing else is to run
+    (tmp_path / "tuning.jsonl").write_text((root / "doc" / "bench" / "tuning.jsonl").read_text())
+    argv = list(argv) + ["--reuse-rows", str(earlier)]
+    argv[argv.index("--runs-dir") + 1] = str(tmp_path / "none")
+    name = f"{rows[0]['scenario']}/{rows[0]['strategy']}/"
+
+    def states(*extra: str) -> list[str]:
+        assert main([*argv, "--dry-run", *extra]) == 0
+        return [line.split(" (lr: tuned): ", 1)[1] for line in capsys.readouterr().out.splitlines()
+                if line.startswith(name) and f"/seed{rows[0]['seed']} " in line]
+
+    assert states() == ["failed, from earlier rows (--retry-failed runs it again)"]
+    assert states("--retry-failed") == ["to run"]
+    assert not (tmp_path / "none").exists()
+
+
 def test_an_earlier_row_counts_only_for_its_own_protocol():
     from fedcluster_app.bench.runner import reusable_rows
 
@@ -263,7 +304,10 @@ def test_an_earlier_row_counts_only_for_its_own_protocol():
     longer = M.Cell(sc, "fedavg", 0, tuple(sorted({**M.PROTOCOL, "rounds-per-step": 6}.items())))
     assert reusable_rows([row], [longer]) == {}
     assert reusable_rows([{**row, "seed": 1}], [cell]) == {}
-    assert reusable_rows([{**row, "status": "failed"}], [cell]) == {}
+    # a failed row stands, as a failed run directory does (--retry-failed drops it first)
+    failed = {**row, "status": "failed"}
+    assert reusable_rows([failed], [cell]) == {cell: failed}
+    assert reusable_rows([{**row, "status": "interrupted"}], [cell]) == {}
     # a row that does not say what it was run with stands for nothing
     assert reusable_rows([{k: v for k, v in row.items() if k != "protocol"}], [cell]) == {}
 
