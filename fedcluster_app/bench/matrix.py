@@ -114,7 +114,11 @@ METHODS: dict[str, Method] = {
         "fielding", (("fielding.rep", "gradient"), ("fielding.distance", "sqeuclidean")),
         "the probe-gradient representation with squared Euclidean distance, which the doc "
         "recommends for concept shift (docs/fielding/README.md, the concept-drift result)"),
-    "feddrift": Method("feddrift"),
+    "feddrift": Method("feddrift", source="the strategy's defaults; with `fraction-train` "
+                       "below 1 (the 100-client tier) it trains that sample of the clients each "
+                       "round while each step's probes, detection and merging hear every client: "
+                       "this project's extension, the paper trains every client every round "
+                       "(docs/feddrift/README.md D24)"),
     "flexcfl": Method("flexcfl"),
     "fedrc": Method("fedrc", (("init", "normal"),),
                     "N(0, 1/fan_in) initialisation, as its preset: with PyTorch's default the K "

@@ -53,6 +53,10 @@ class FedDriftEager(TimeStepStrategy):
 
     name, description, Params = catalogue.FEDDRIFT_EAGER.class_attributes()
     merging: ClassVar[bool] = False
+    # fraction-train < 1 trains a sample of the clients each round; the step's probes,
+    # detection and merging still hear every client (this project's extension: the paper
+    # trains every client every round; docs/feddrift/README.md)
+    trains_a_sample: ClassVar[bool] = True
 
     def __init__(self, experiment) -> None:
         super().__init__(experiment)

@@ -11,8 +11,11 @@ Gibbons; AISTATS 2023, arXiv:2206.00799), section 3 and its experiments:
   unattached;
 * TRAIN(t): every model some client is clustered to at t is trained, by every client with data
   attached to it within ``train_window`` steps (0 = all history), on exactly that data, and
-  averaged with weights n(c, m) = the attached sample counts. Every client trains every round
-  (``fraction-train`` does not apply);
+  averaged with weights n(c, m) = the attached sample counts. Every client trains every round,
+  as in the paper; a strategy that declares ``trains_a_sample`` (FedDrift's own) may instead
+  train ``fraction-train`` of the clients, drawn each round, while the step's decisions (the
+  probes, detection, clustering) still hear every client: this project's extension for the
+  papers'-scale benchmark, not the paper's protocol (docs/feddrift/README.md);
 * after the R rounds each client's model for step t is tested on its training batch of step
   t+1: one evaluation per step, at its last round.
 
@@ -97,11 +100,12 @@ class TimeStepProtocol(Protocol):
             raise ConfigError(
                 f"{strategy.name} needs at least 2 time steps (the last one is test-only), "
                 f"scenario {sc.name!r} has {sc.num_steps}")
-        if strategy.cfg.fraction_train < 1:
+        if strategy.cfg.fraction_train < 1 and not getattr(strategy, "trains_a_sample", False):
             raise ConfigError(
                 f"{strategy.name} runs FedDrift's time-step protocol, in which every client "
                 f"trains every round: fraction-train = {strategy.cfg.fraction_train:g} would be "
-                f"ignored; set fraction-train = 1")
+                f"ignored; set fraction-train = 1 (of the strategies under this protocol, only "
+                f"FedDrift's own train a sample of the clients)")
         own = type(strategy)
         if (strategy.cfg.score_next_step and own.evaluate_step is not ClusteredStrategy.evaluate_step
                 and own.step_eval_tasks is ClusteredStrategy.step_eval_tasks):
@@ -188,15 +192,18 @@ class TimeStepProtocol(Protocol):
 
     # ------------------------------------------------------------------ messages
     def select(self, cids: list[int]) -> list[int]:
-        return list(cids)
+        """Every client, or ``fraction-train`` of them for a strategy that ``trains_a_sample``
+        (``bind`` refuses a fraction below 1 for the others)."""
+        return super().select(cids) if getattr(self.s, "trains_a_sample", False) else list(cids)
 
     def default_plan(self, step: int) -> dict[int, Task]:
-        """TRAIN(t): each client trains every active model it has data attached to."""
+        """TRAIN(t): each client (of the round's sample: :meth:`select`) trains every active
+        model it has data attached to."""
         active = self.active_models(step)
         steps = self.train_steps(step)
         follows = self.s.history_follows_client
         tasks = {}
-        for cid in sorted(self.s.clients):
+        for cid in self.select(sorted(self.s.clients)):
             models, config = [], {P.STEP: step}
             for m in active:
                 if follows:   # the client's whole window goes with it to its current model
@@ -414,6 +421,9 @@ class TimeStepStrategy(ClusteredStrategy):
 
     protocol_factory: ClassVar[Callable[[], Protocol]] = TimeStepProtocol
     protocol: TimeStepProtocol
+    #: may train ``fraction-train`` of the clients a round (the protocol's default plan);
+    #: False: every client trains every round, and a fraction below 1 is refused
+    trains_a_sample: ClassVar[bool] = False
 
     def on_start(self) -> None:
         pass    # models are created at the start of the first step

@@ -551,13 +551,35 @@ def test_a_feature_mask_gives_numpys_broadcast_products_bit_for_bit(shape, mask)
     assert masked(x, {}, 4) is x                    # no mask: the data as they are
 
 
-@pytest.mark.parametrize("strategy", ["feddrift", "kue", "ifca-w", "oracle-t"])
+@pytest.mark.parametrize("strategy", ["kue", "ifca-w", "oracle-t", "cfl"])
 def test_partial_participation_is_refused_under_the_time_step_protocol(strategy):
     """Every client trains every round under FedDrift's protocol: a fraction-train below 1
     would be ignored (the scale tier once ran FedDrift with all 100 clients training, beside
-    methods that trained 20 a round), so it is refused before round 1."""
+    methods that trained 20 a round), so it is refused before round 1, for every strategy
+    but FedDrift's own (next test)."""
     from fedcluster_app.api import make_strategy
 
     with pytest.raises(ConfigError, match="fraction-train = 0.2 would be ignored"):
         make_strategy(strategy, run_config={"scenario": "mixture-swap", "fraction-train": 0.2})
     make_strategy(strategy, run_config={"scenario": "mixture-swap", "fraction-train": 1.0})
+
+
+@pytest.mark.parametrize("strategy", ["feddrift", "feddrift-eager"])
+def test_feddrift_trains_a_sample_each_round_and_decides_with_every_client(tmp_path, schedule,
+                                                                           strategy):
+    """FedDrift with fraction-train < 1 (this project's extension): each round trains
+    fraction-train of the clients, a new draw each round, while the step's probes still hear
+    every client, so the drifted clients are still found."""
+    summary = run_inprocess(_cfg(tmp_path, strategy=strategy, schedule=schedule,
+                                 **{"fraction-train": 0.5, "rounds-per-step": 4}))
+    _, rounds = load_run(Path(summary["out_dir"]))
+    assert {r["trained_clients"] for r in rounds} == {2}          # of 4
+    steps = _steps(summary)
+    assert {t: r["detected_clients"] for t, r in steps.items()}[3] == [0, 1]
+    assert all(len(r["identities"]) == 4 for r in steps.values())
+    full = run_inprocess(_cfg(tmp_path / "full", strategy=strategy, schedule=schedule,
+                              **{"rounds-per-step": 4}))
+    _, full_rounds = load_run(Path(full["out_dir"]))
+    assert {r["trained_clients"] for r in full_rounds} == {4}
+    steps_taken = lambda rs: sum(r["gradient_steps"] for r in rs)
+    assert steps_taken(rounds) < 0.75 * steps_taken(full_rounds)   # about half the training
