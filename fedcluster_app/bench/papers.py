@@ -487,8 +487,8 @@ def score(cell: PaperCell, out: Path) -> dict:
 
 
 def reusable_rows(rows: list[dict], cells: list[PaperCell]) -> dict[PaperCell, dict]:
-    """The finished rows among ``rows`` that match a cell: same paper, method, seed and
-    combined run config (the preset's, the method's and ``--set``'s keys together)."""
+    """The finished (or failed) rows among ``rows`` that match a cell: same paper, method, seed
+    and combined run config (the preset's, the method's and ``--set``'s keys together)."""
     return matching_rows(
         rows, cells,
         row_key=lambda r: (r["paper"], r["strategy"], r["seed"], canonical(r["config"])),

@@ -123,8 +123,8 @@ def canonical(config: Any) -> str:
 
 
 def reusable_rows(rows: list[dict[str, Any]], cells: list[Cell]) -> dict[Cell, dict[str, Any]]:
-    """The matrix's finished rows among ``rows`` that match a cell: same scenario, strategy,
-    learning rate, seed, protocol and method settings."""
+    """The matrix's finished (or failed) rows among ``rows`` that match a cell: same scenario,
+    strategy, learning rate, seed, protocol and method settings."""
     def row_key(r: dict) -> tuple:
         if not isinstance(r["protocol"], dict):
             raise TypeError("a row without its protocol")
