@@ -202,7 +202,7 @@ def stop_workers(pool: cf.ProcessPoolExecutor) -> None:
     """No run outlives the bench: the queued runs are cancelled and the running ones stopped
     (a SIGTERM to the bench alone would leave its workers running the queue's next runs,
     writing into the runs directory under a bench started again). A stopped run's directory
-    has no finished summary: the next bench runs it again from round 1."""
+    has no finished summary: the next bench goes on from its last checkpoint (:func:`_start`)."""
     # the executor names no public way to its processes before Python 3.14's terminate_workers
     processes = list((getattr(pool, "_processes", None) or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
@@ -292,7 +292,8 @@ def run_states(cells: list[Cell], runs_dir: Path, retry_failed: bool = False,
 
     def state(cell: Cell) -> str:
         if cell in todo:
-            return "to run"
+            return ("to run (goes on from its checkpoint)" if "resume-from" in todo[cell]
+                    else "to run")
         if cell in rows:   # an earlier row comes before a refusal (_sort_out)
             if cell in earlier:
                 return ("failed, from earlier rows (--retry-failed runs it again)"
@@ -309,6 +310,18 @@ def _scored(cell: Cell, runs_dir: Path, score: Callable[[Cell, Path], dict[str, 
     out = run_dir(runs_dir, cell)
     return (score(cell, out) if (out / "summary.json").is_file()
             else row(cell, "failed", "the run left no summary.json"))
+
+
+def _start(out: Path, status: str | None) -> dict[str, Any]:
+    """How an unfinished run starts: a stopped one (a bench stopped mid-run, its worker killed)
+    goes on from its last checkpoint, so a long run loses at most ``checkpoint-every-s`` of its
+    work; a failed one (with ``--retry-failed``), or one without a checkpoint, from round 1. A
+    checkpoint of another run config is refused by the run, which then fails, never mixes."""
+    from fedcluster_app.core.results.files import CHECKPOINT_FILE
+
+    if status != "failed" and (out / CHECKPOINT_FILE).is_file():
+        return {"resume-from": str(out.resolve())}
+    return {"overwrite": True}
 
 
 def _sort_out(cells: list[Cell], runs_dir: Path, retry_failed: bool,
@@ -346,6 +359,5 @@ def _sort_out(cells: list[Cell], runs_dir: Path, retry_failed: bool,
         if why:
             rows[cell] = row(cell, "cannot run", why)
             continue
-        # not finished: a stopped or failed run starts again from round 1
-        todo[cell] = {**config, "out-dir": str(out.resolve()), "overwrite": True}
+        todo[cell] = {**config, "out-dir": str(out.resolve()), **_start(out, status)}
     return rows, todo, earlier, kept_failed

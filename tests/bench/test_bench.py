@@ -243,6 +243,57 @@ def test_the_dry_run_tells_a_kept_failed_run_from_a_finished_one(tiny_bench, tmp
     assert state("--retry-failed") == "to run"
 
 
+def test_a_run_stopped_midway_goes_on_from_its_checkpoint(tiny_bench, tmp_path, capsys):
+    """A bench stopped in the middle of a run (its worker killed) loses at most the rounds
+    since the run's last checkpoint: the next bench resumes the run, and the resumed run's
+    records are those of the run never stopped."""
+    import shutil
+    import signal
+
+    from fedcluster_app.cli import main
+    from fedcluster_app.client_app import app as default_app
+    from fedcluster_app.core import stopping
+    from fedcluster_app.core.results import load_run
+    from fedcluster_app.core.server.checkpoint import read_checkpoint
+    from fedcluster_app.engine import run_inprocess
+
+    root, argv = tiny_bench
+    runs = tmp_path / "runs"
+    shutil.copytree(root / "runs", runs)
+    out = next(runs.glob("mixture/concept/sudden/uniform/fedavg/lr*/seed0"))
+    untimed = lambda records: [{k: v for k, v in r.items() if k != "round_time_s"}
+                               for r in records]
+    whole = untimed(load_run(out)[1])
+    config = read_checkpoint(out)[0]["config"]   # as run (the summary writes inf as null)
+
+    def stops_in_round_2(msg, ctx):   # as a signal would: the round ends, with a checkpoint
+        if msg.metadata.message_type.startswith("train") and msg.metadata.group_id == "2":
+            stopping._State.requested = signal.SIGTERM
+        return default_app(msg, ctx)
+
+    try:
+        with pytest.raises(stopping.Interrupted):
+            run_inprocess({**config, "out-dir": str(out), "overwrite": True},
+                          client_app=stops_in_round_2)
+    finally:
+        stopping._State.requested = None
+    assert [r["round"] for r in load_run(out)[1]] == [1, 2]
+    argv = list(argv)
+    argv[argv.index("--runs-dir") + 1] = str(runs)
+    name = "/".join(out.relative_to(runs).parts)
+    assert main([*argv, "--dry-run"]) == 0
+    assert f"{name} (lr: tuned): to run (goes on from its checkpoint)" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "1 to run" in capsys.readouterr().out
+    got = untimed(load_run(out)[1])
+    assert [r["round"] for r in got] == [r["round"] for r in whole]
+    # rounds 1-2 ran here with the client app one client at a time, whose training loss sums
+    # in another order than the batched bench's (the last digits); everything else is equal
+    assert [r.pop("train_loss") for r in got] == pytest.approx([r.pop("train_loss")
+                                                                for r in whole], rel=1e-7)
+    assert got == whole
+
+
 def test_rows_of_an_earlier_bench_stand_for_runs_whose_directories_are_gone(tiny_bench, capsys):
     from fedcluster_app.cli import main
 
