@@ -208,7 +208,8 @@ def run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
             return _run(args, argv)
     except (Interrupted, KeyboardInterrupt) as ex:
         print(f"bench: stopped by {getattr(ex, 'signame', 'SIGINT')}; the finished runs in "
-              f"{args.runs_dir} are kept: the same command goes on from them", file=sys.stderr)
+              f"{args.runs_dir} are kept: the same command goes on from them, and from the "
+              f"last checkpoint of each run it stopped", file=sys.stderr)
         return getattr(ex, "exit_code", 130)
 
 
