@@ -191,14 +191,10 @@ class TimeStepProtocol(Protocol):
             self.events["created"].append(mid)
 
     # ------------------------------------------------------------------ messages
-    def select(self, cids: list[int]) -> list[int]:
-        """Every client, or ``fraction-train`` of them for a strategy that ``trains_a_sample``
-        (``bind`` refuses a fraction below 1 for the others)."""
-        return super().select(cids) if getattr(self.s, "trains_a_sample", False) else list(cids)
-
     def default_plan(self, step: int) -> dict[int, Task]:
-        """TRAIN(t): each client (of the round's sample: :meth:`select`) trains every active
-        model it has data attached to."""
+        """TRAIN(t): each client of the round's sample (:meth:`select`: every client, as
+        ``bind`` allows a fraction below 1 only to a strategy that ``trains_a_sample``) trains
+        every active model it has data attached to."""
         active = self.active_models(step)
         steps = self.train_steps(step)
         follows = self.s.history_follows_client
